@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dssync.workloads.base import Workload, shard
 from dssync.workloads.mnist import MNIST, Digits
+from dssync.workloads.wrn import WRN
 
-WORKLOADS: dict[str, type[Workload]] = {"mnist": MNIST, "digits": Digits}
+WORKLOADS: dict[str, type[Workload]] = {
+    "mnist": MNIST, "digits": Digits, "wrn": WRN,
+}
 
 
 def get(name: str, data_dir: str | None = None, **options) -> Workload:
