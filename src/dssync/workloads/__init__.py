@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dssync.workloads.base import Workload, shard
+from dssync.workloads.bert import BERT
 from dssync.workloads.mnist import MNIST, Digits
 from dssync.workloads.wrn import WRN
 
 WORKLOADS: dict[str, type[Workload]] = {
-    "mnist": MNIST, "digits": Digits, "wrn": WRN,
+    "mnist": MNIST, "digits": Digits, "wrn": WRN, "bert": BERT,
 }
 
 
