@@ -1,0 +1,251 @@
+"""Build and tear down an emulated cluster from network namespaces, veth pairs and bridges.
+
+Layout for prefix ``p`` (every name starts with it; interface names stay under 15 chars):
+
+* one namespace per host, ``p-h<i>``, holding interface ``p h<i>`` with address 10.213.x.y/16;
+* one switch namespace ``p-sw`` holding rack bridges ``p r<r>``, the core bridge ``p core``,
+  the switch end ``p h<i>s`` of each host link and both ends ``p u<r>`` / ``p u<r>c`` of each
+  rack uplink. Nothing is attached to the root namespace, so no traffic can leave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import secrets
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from dssync.cluster import shaping
+from dssync.cluster.shell import ClusterError, require_root_and_tools, sh
+from dssync.cluster.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from dssync.cluster.accounting import LinkBytes
+    from dssync.cluster.launch import RunResult, Workers
+
+SUBNET = ipaddress.ip_network("10.213.0.0/16")
+PREFIX_RE = re.compile(r"^dss[a-z0-9]{1,6}$")
+ANY_PREFIX_RE = re.compile(r"^(dss[a-z0-9]{1,6})-(h\d+|sw)$")
+
+
+def new_prefix() -> str:
+    """A fresh random prefix such as ``dss3fa9``."""
+    return f"dss{secrets.token_hex(2)}"
+
+
+def check_prefix(prefix: str) -> str:
+    if not PREFIX_RE.match(prefix):
+        raise ClusterError(
+            f"prefix {prefix!r} is not valid; use 'dss' followed by 1-6 lowercase letters or "
+            "digits, e.g. dss01"
+        )
+    return prefix
+
+
+class Cluster:
+    """An emulated cluster: one namespace per host, shaped links, bridges in a switch namespace.
+
+    Example::
+
+        spec = load_topology("tiny")
+        with Cluster(spec) as cluster:           # builds it; tears it down on exit or SIGTERM
+            cluster.set_rate("rack_uplink", 100)
+            result = cluster.run([sys.executable, "train.py"], timeout_s=60)
+            print(result.summary())
+    """
+
+    def __init__(self, spec: ClusterSpec, prefix: str | None = None) -> None:
+        self.spec = spec
+        self.prefix = check_prefix(prefix) if prefix else new_prefix()
+        self.rates: dict[str, float | None] = spec.link_rates()
+        self._old_sigterm: object = None
+
+    # names and addresses -------------------------------------------------------------------
+    @property
+    def switch_ns(self) -> str:
+        return f"{self.prefix}-sw"
+
+    def host_ns(self, host: int) -> str:
+        self.spec.rack_of_host(host)
+        return f"{self.prefix}-h{host}"
+
+    def host_ifname(self, host: int) -> str:
+        """The host's interface inside its namespace (use as GLOO_SOCKET_IFNAME)."""
+        self.spec.rack_of_host(host)
+        return f"{self.prefix}h{host}"
+
+    def address_of(self, host: int) -> str:
+        """The IPv4 address of host ``host`` (e.g. ``10.213.0.1`` for host 0)."""
+        self.spec.rack_of_host(host)
+        return str(SUBNET.network_address + host + 1)
+
+    def link_ends(self, link: str) -> list[tuple[str, str]]:
+        """The (namespace, interface) pairs at both ends of a concrete link like ``host:3``."""
+        kind, index = link.split(":")
+        i = int(index)
+        if kind == "host":
+            return [(self.host_ns(i), self.host_ifname(i)), (self.switch_ns, f"{self.prefix}h{i}s")]
+        return [(self.switch_ns, f"{self.prefix}u{i}"), (self.switch_ns, f"{self.prefix}u{i}c")]
+
+    # build / teardown --------------------------------------------------------------------
+    def up(self) -> Cluster:
+        """Create namespaces, bridges and shaped links. On any failure, remove what was built."""
+        require_root_and_tools()
+        existing = sh(["ip", "netns", "list"], check=False)
+        if re.search(rf"^{self.prefix}-", existing, re.MULTILINE):
+            raise ClusterError(
+                f"a cluster with prefix {self.prefix} already exists; "
+                f"run `dssync cluster down {self.prefix}` or pick another prefix"
+            )
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        p, spec, sw = self.prefix, self.spec, self.switch_ns
+        namespaces = [sw] + [self.host_ns(h) for h in range(spec.num_hosts)]
+        for ns in namespaces:
+            sh(["ip", "netns", "add", ns])
+            sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+            sh(["ip", "netns", "exec", ns, "sh", "-c",
+                "for f in /proc/sys/net/ipv6/conf/*/disable_ipv6; do echo 1 > $f; done"],
+               check=False)
+        bridges = [f"{p}r{r}" for r in range(spec.racks)] + ([f"{p}core"] if spec.has_core else [])
+        for br in bridges:
+            sh(["ip", "-n", sw, "link", "add", br, "type", "bridge"])
+            sh(["ip", "-n", sw, "link", "set", br, "up"])
+        for h in range(spec.num_hosts):
+            ns, dev, peer = self.host_ns(h), self.host_ifname(h), f"{p}h{h}s"
+            sh(["ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer,
+                "netns", sw])
+            sh(["ip", "-n", sw, "link", "set", peer, "master", f"{p}r{spec.rack_of_host(h)}"])
+            sh(["ip", "-n", sw, "link", "set", peer, "up"])
+            sh(["ip", "-n", ns, "addr", "add", f"{self.address_of(h)}/{SUBNET.prefixlen}",
+                "dev", dev])
+            sh(["ip", "-n", ns, "link", "set", dev, "up"])
+        if spec.has_core:
+            for r in range(spec.racks):
+                end, core_end = f"{p}u{r}", f"{p}u{r}c"
+                sh(["ip", "-n", sw, "link", "add", end, "type", "veth", "peer", "name", core_end])
+                sh(["ip", "-n", sw, "link", "set", end, "master", f"{p}r{r}"])
+                sh(["ip", "-n", sw, "link", "set", core_end, "master", f"{p}core"])
+                sh(["ip", "-n", sw, "link", "set", end, "up"])
+                sh(["ip", "-n", sw, "link", "set", core_end, "up"])
+        for link, rate in self.rates.items():
+            if rate is not None:
+                for ns, dev in self.link_ends(link):
+                    shaping.set_tbf(ns, dev, rate)
+
+    def down(self) -> None:
+        """Remove every namespace, link and qdisc of this cluster. Safe to call twice."""
+        remove_prefix(self.prefix)
+
+    def set_rate(self, link: str, rate_mbit: float | None) -> None:
+        """Change ``link`` (``rack_uplink``, ``rack_uplink:1``, ``host:3``, ``host``) live.
+
+        Both ends get the new tbf rate; ``None`` removes the limit.
+        """
+        if rate_mbit is not None and not rate_mbit > 0:
+            raise ClusterError(f"rate {rate_mbit!r} Mbit/s must be > 0; use None for unshaped")
+        for name in self.spec.expand_link(link):
+            for ns, dev in self.link_ends(name):
+                shaping.set_tbf(ns, dev, rate_mbit)
+            self.rates[name] = rate_mbit
+
+    # context manager: clean up on exceptions, Ctrl-C and SIGTERM ---------------------------
+    def __enter__(self) -> Cluster:
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.down()
+        finally:
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+                self._old_sigterm = None
+
+    # state file, so the CLI can find a cluster built by an earlier command ----------------
+    def save_state(self, topology_text: str) -> Path:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        path = STATE_DIR / f"{self.prefix}.json"
+        path.write_text(json.dumps({"prefix": self.prefix, "source": self.spec.source,
+                                    "topology": topology_text}))
+        return path
+
+    # launching and accounting live in their own modules ------------------------------------
+    def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:
+        from dssync.cluster.launch import rank_env
+
+        return rank_env(self, rank, master_port)
+
+    def launch(self, argv: list[str], env: dict[str, str] | None = None,
+               log_dir: Path | None = None) -> Workers:
+        """Start ``argv`` once per worker in its host namespace; see ``launch.launch``."""
+        from dssync.cluster.launch import launch
+
+        return launch(self, argv, env=env, log_dir=log_dir)
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 600.0,
+            log_dir: Path | None = None) -> RunResult:
+        """Launch ``argv`` on every worker and wait; a failure or timeout kills the rest."""
+        return self.launch(argv, env=env, log_dir=log_dir).wait(timeout_s)
+
+    def link_bytes(self) -> dict[str, LinkBytes]:
+        """Byte counters of every link now; subtract two snapshots with ``accounting.diff``."""
+        from dssync.cluster.accounting import link_bytes
+
+        return link_bytes(self)
+
+
+STATE_DIR = Path("/tmp/dssync-clusters")
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def list_prefixes() -> list[str]:
+    """Prefixes of all dssync clusters that have namespaces on this machine."""
+    out = sh(["ip", "netns", "list"], check=False)
+    found = {m.group(1) for line in out.splitlines()
+             if (m := ANY_PREFIX_RE.match(line.split(" ")[0]))}
+    found |= {p.stem for p in STATE_DIR.glob("dss*.json")} if STATE_DIR.is_dir() else set()
+    return sorted(found)
+
+
+def remove_prefix(prefix: str) -> list[str]:
+    """Kill processes in, and delete, every namespace named ``<prefix>-...``; return their names.
+
+    Deleting a namespace deletes its interfaces, their veth peers and their qdiscs.
+    """
+    check_prefix(prefix)
+    require_root_and_tools()
+    out = sh(["ip", "netns", "list"], check=False)
+    names = [line.split(" ")[0] for line in out.splitlines()]
+    ours = [n for n in names if (m := ANY_PREFIX_RE.match(n)) and m.group(1) == prefix]
+    for ns in ours:
+        for pid in sh(["ip", "netns", "pids", ns], check=False).split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+    for ns in ours:
+        sh(["ip", "netns", "del", ns], check=False)
+    # Defensive: nothing is created in the root namespace, but remove any stray link of ours.
+    root_links = json.loads(sh(["ip", "-j", "link", "show"], check=False) or "[]")
+    pattern = re.compile(rf"^{prefix}(h\d+s?|r\d+|u\d+c?|core)$")
+    for link in root_links:
+        if pattern.match(link.get("ifname", "")):
+            sh(["ip", "link", "del", link["ifname"]], check=False)
+    (STATE_DIR / f"{prefix}.json").unlink(missing_ok=True)
+    return ours
