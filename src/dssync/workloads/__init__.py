@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dssync.workloads.base import Workload, shard
 from dssync.workloads.bert import BERT
+from dssync.workloads.deepfm import DeepFMWorkload
 from dssync.workloads.mnist import MNIST, Digits
 from dssync.workloads.wrn import WRN
 
 WORKLOADS: dict[str, type[Workload]] = {
-    "mnist": MNIST, "digits": Digits, "wrn": WRN, "bert": BERT,
+    "mnist": MNIST, "digits": Digits, "wrn": WRN, "bert": BERT, "deepfm": DeepFMWorkload,
 }
 
 
