@@ -1,1 +1,22 @@
-"""dssync: divide-and-shuffle synchronization for data-parallel PyTorch training."""
+"""dssync: divide-and-shuffle synchronization for data-parallel PyTorch training.
+
+Adopt it in place of DistributedDataParallel::
+
+    sync = dssync.DSSync(model, schedule=dssync.Shuffle(group_size=2))
+    ...
+    optimizer.step()
+    sync.step()          # average parameters inside this step's group
+
+See :class:`dssync.DSSync` for a runnable example.
+"""
+
+from dssync.comm import consensus_distance
+from dssync.schedules import Butterfly, Global, Schedule, Shuffle, Static, mixing_matrix, spectral_gap
+from dssync.strategies import BSP, DSSync, Strategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BSP", "Butterfly", "DSSync", "Global", "Schedule", "Shuffle", "Static", "Strategy",
+    "consensus_distance", "mixing_matrix", "spectral_gap",
+]

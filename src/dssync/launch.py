@@ -1,0 +1,163 @@
+"""Starting workers: local processes on this machine, or the environment torchrun sets.
+
+:func:`spawn` runs ``fn(*args)`` in ``world_size`` local processes joined in one gloo process
+group on loopback. It forwards the first worker exception with its traceback and kills every
+worker when one fails or when ``timeout_s`` passes, so nothing it starts can hang.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from queue import Empty
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class WorkerError(RuntimeError):
+    """A worker failed: ``rank`` is the first rank that failed, ``detail`` its traceback or exit code."""
+
+    def __init__(self, rank: int, detail: str) -> None:
+        super().__init__(f"worker rank {rank} failed:\n{detail}")
+        self.rank = rank
+        self.detail = detail
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launched_externally() -> bool:
+    """True when a launcher such as torchrun has set RANK and WORLD_SIZE for this process."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join the process group described by RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+
+    ``timeout_s`` bounds every collective: a lost peer makes the others fail within it.
+    """
+    if dist.is_initialized():
+        return
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: float = DEFAULT_TIMEOUT_S,
+          collective_timeout_s: float | None = None, env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` local ranks; return each rank's result, by rank.
+
+    ``fn`` must be importable (defined at module level). Each rank has joined the default
+    process group (gloo on 127.0.0.1) before ``fn`` runs and leaves it after.
+
+    Example::
+
+        def rank_times_two():
+            return dist.get_rank() * 2
+
+        assert spawn(rank_times_two, 2) == [0, 2]
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size} must be >= 1")
+    ctx = mp.get_context("spawn")
+    results_q = ctx.Queue()
+    base_env = {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        **(env or {}),
+    }
+    coll_timeout = collective_timeout_s or timeout_s
+    procs = [
+        ctx.Process(target=_worker, args=(fn, args, rank, base_env, coll_timeout, results_q), daemon=True)
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            try:
+                kind, rank, value = results_q.get(timeout=0.2)
+            except Empty:
+                _check_exits(procs, results)
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(results))
+                    raise WorkerError(missing[0], f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish")
+                continue
+            if kind == "error":
+                raise WorkerError(rank, value)
+            results[rank] = _unpack(value)
+        for p in procs:
+            p.join(timeout=10)
+    finally:
+        _kill(procs)
+    return [results[r] for r in range(world_size)]
+
+
+def _pack(value: Any) -> bytes:
+    # Plain bytes: tensors sent through a multiprocessing queue would travel as shared-memory
+    # handles that die with the worker.
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def _unpack(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _check_exits(procs: list, results: dict[int, Any]) -> None:
+    for rank, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and rank not in results:
+            raise WorkerError(rank, f"process exited with code {p.exitcode} before reporting a result")
+
+
+def _kill(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+def _worker(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
+            timeout_s: float, results_q) -> None:
+    os.environ.update(env)
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    torch.set_num_threads(1)
+    try:
+        init_from_env(backend="gloo", timeout_s=timeout_s)
+        value = fn(*args)
+        dist.barrier()  # nobody tears down the store while a peer still needs it
+        results_q.put(("ok", rank, _pack(value)))
+    except BaseException:  # noqa: BLE001 - forwarded to the parent with its traceback
+        results_q.put(("error", rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass

@@ -1,0 +1,10 @@
+"""Partition schedules: pure functions of (step, world size) that say which ranks average together."""
+
+from dssync.schedules.base import Partition, Schedule, check_partition, group_of, split_even
+from dssync.schedules.basic import Butterfly, Global, Shuffle, Static
+from dssync.schedules.mixing import consensus_error, mixing_matrix, product_matrix, spectral_gap
+
+__all__ = [
+    "Butterfly", "Global", "Partition", "Schedule", "Shuffle", "Static", "check_partition",
+    "consensus_error", "group_of", "mixing_matrix", "product_matrix", "spectral_gap", "split_even",
+]

@@ -1,0 +1,78 @@
+"""The strategy interface: what runs after backward and after the optimizer step.
+
+Every synchronization method (DS-Sync, BSP, local SGD, hierarchical all-reduce) is one small
+class behind this interface, so a training loop is written once:
+
+    strategy = DSSync(model)                  # or BSP(model), ...
+    for batch in loader:
+        loss = loss_fn(strategy.model, batch)
+        loss.backward()
+        strategy.after_backward()
+        optimizer.step()
+        strategy.after_step()
+        optimizer.zero_grad()
+    strategy.average_all()                    # one global average for the final model
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+
+class Strategy(ABC):
+    """Base class: no synchronization at all (each rank trains alone).
+
+    ``model`` is what forward runs on (a wrapper such as DDP for BSP, else the module itself);
+    ``module`` is the plain module whose parameters are trained. :meth:`take_sync_time` returns the
+    seconds spent synchronizing since it was last called.
+    """
+
+    name = "none"
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
+        self.module = module
+        self.process_group = process_group
+        self._sync_s = 0.0
+
+    @property
+    def model(self) -> nn.Module:
+        return self.module
+
+    def after_backward(self) -> None:
+        """Called after ``loss.backward()``, before the optimizer step."""
+
+    def after_step(self) -> None:
+        """Called after ``optimizer.step()``."""
+
+    def average_all(self) -> None:
+        """Leave every rank with the same model (the global average)."""
+
+    def take_sync_time(self) -> float:
+        """Seconds spent synchronizing since the last call."""
+        t, self._sync_s = self._sync_s, 0.0
+        return t
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class SyncTimer:
+    """Context manager that adds its elapsed time to a strategy's sync time."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    def __enter__(self) -> SyncTimer:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.strategy._sync_s += time.perf_counter() - self.t0
