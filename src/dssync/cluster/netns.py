@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from dssync.cluster import shaping
 from dssync.cluster.shell import ClusterError, require_root_and_tools, sh
-from dssync.cluster.spec import ClusterSpec
+from dssync.cluster.spec import ClusterSpec, parse_topology
 
 if TYPE_CHECKING:
     from dssync.cluster.accounting import LinkBytes
@@ -178,11 +178,21 @@ class Cluster:
 
     # state file, so the CLI can find a cluster built by an earlier command ----------------
     def save_state(self, topology_text: str) -> Path:
+        """Record prefix and topology under /tmp/dssync-clusters so ``attach`` can find it."""
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         path = STATE_DIR / f"{self.prefix}.json"
         path.write_text(json.dumps({"prefix": self.prefix, "source": self.spec.source,
                                     "topology": topology_text}))
         return path
+
+    @classmethod
+    def attach(cls, prefix: str) -> Cluster:
+        """A handle on a cluster built earlier (e.g. by ``dssync cluster up``), from its state."""
+        path = STATE_DIR / f"{check_prefix(prefix)}.json"
+        if not path.is_file():
+            raise ClusterError(f"no state file {path}; build the cluster with `dssync cluster up`")
+        state = json.loads(path.read_text())
+        return cls(parse_topology(state["topology"], state["source"]), prefix=prefix)
 
     # launching and accounting live in their own modules ------------------------------------
     def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:

@@ -164,17 +164,23 @@ def shipped_topologies() -> list[str]:
 
 def load_topology(name_or_path: str | Path) -> ClusterSpec:
     """Load a shipped topology by name (``"s2-inter-rack"``) or a TOML file by path."""
+    text, source = read_topology(name_or_path)
+    return parse_topology(text, source=source)
+
+
+def read_topology(name_or_path: str | Path) -> tuple[str, str]:
+    """The TOML text of a shipped name or a path, and a source label for error messages."""
     text_name = str(name_or_path)
     path = Path(text_name)
-    if not path.is_file():
-        shipped = resources.files("dssync") / "topologies" / f"{text_name.removesuffix('.toml')}.toml"
-        if not shipped.is_file():
-            raise TopologyError(
-                f"topology {text_name!r} is neither a file nor a shipped name; "
-                f"use a path or one of: {', '.join(shipped_topologies())}"
-            )
-        return parse_topology(shipped.read_text(), source=f"{shipped.name} (shipped)")
-    return parse_topology(path.read_text(), source=str(path))
+    if path.is_file():
+        return path.read_text(), str(path)
+    shipped = resources.files("dssync") / "topologies" / f"{text_name.removesuffix('.toml')}.toml"
+    if not shipped.is_file():
+        raise TopologyError(
+            f"topology {text_name!r} is neither a file nor a shipped name; "
+            f"use a path or one of: {', '.join(shipped_topologies())}"
+        )
+    return shipped.read_text(), f"{shipped.name} (shipped)"
 
 
 def parse_topology(text: str, source: str = "<string>") -> ClusterSpec:
