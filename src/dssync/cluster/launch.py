@@ -101,7 +101,7 @@ class Workers:
         failed: int | None = None
         timed_out = False
         try:
-            while any(p.poll() is None for p in self.procs):
+            while None in [p.poll() for p in self.procs]:   # poll every one, no short cut
                 bad = [r for r, p in enumerate(self.procs) if p.returncode not in (None, 0)]
                 if bad:
                     failed = bad[0]
