@@ -16,15 +16,18 @@ def invoke(*args: str):
     return CliRunner().invoke(cluster, list(args))
 
 
-@pytest.mark.parametrize("args", [
-    ["up", "no-such-topology"],
-    ["up", "tiny", "--prefix", "Bad-Prefix"],
-    ["down"],
-    ["down", "dss01", "--all"],
-    ["down", "not_ours"],
-    ["run", "s4-dynamic", "--", "true"],
-    ["run", "tiny"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["up", "no-such-topology"],
+        ["up", "tiny", "--prefix", "Bad-Prefix"],
+        ["down"],
+        ["down", "dss01", "--all"],
+        ["down", "not_ours"],
+        ["run", "s4-dynamic", "--", "true"],
+        ["run", "tiny"],
+    ],
+)
 def test_bad_input_exits_2_with_one_line(args):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -40,7 +43,7 @@ def test_up_then_down():
         assert result.exit_code == 0, result.output
         assert {"dsst1-h0", "dsst1-h1", "dsst1-sw"} <= set(netns_names())
         assert "dsst1" in invoke("list").output
-        assert invoke("up", "tiny", "--prefix", "dsst1").exit_code == 1   # already there
+        assert invoke("up", "tiny", "--prefix", "dsst1").exit_code == 1  # already there
     finally:
         down = invoke("down", "dsst1")
     assert down.exit_code == 0 and "3 namespaces" in down.output
@@ -67,9 +70,16 @@ def test_down_all_removes_leftovers(monkeypatch):
 def test_run_returns_first_failing_exit_code():
     ok = invoke("run", "tiny", "--", sys.executable, "-c", "import os; print(os.environ['RANK'])")
     assert ok.exit_code == 0, ok.output
-    failing = invoke("run", "tiny", "--prefix", "dsst3", "--", sys.executable, "-c",
-                     "import os, sys, time; os.environ['RANK'] == '0' and sys.exit(5); "
-                     "time.sleep(30)")
+    failing = invoke(
+        "run",
+        "tiny",
+        "--prefix",
+        "dsst3",
+        "--",
+        sys.executable,
+        "-c",
+        "import os, sys, time; os.environ['RANK'] == '0' and sys.exit(5); time.sleep(30)",
+    )
     assert failing.exit_code == 5
     assert re.search(r"rank 0 failed with exit code 5", failing.output)
     assert_gone("dsst3")

@@ -34,8 +34,9 @@ PRINT_ENV = (
 def test_each_worker_gets_its_env_and_namespace(tmp_path):
     spec = parse_topology(SPEC, "launch (test)")
     with Cluster(spec) as cluster:
-        result = cluster.run([sys.executable, "-c", PRINT_ENV], env={"EXTRA": "1"},
-                             timeout_s=30, log_dir=tmp_path)
+        result = cluster.run(
+            [sys.executable, "-c", PRINT_ENV], env={"EXTRA": "1"}, timeout_s=30, log_dir=tmp_path
+        )
         assert result.ok, result.summary()
         assert cluster.rank_env(5)["GLOO_SOCKET_IFNAME"] == cluster.host_ifname(2)
     import json
@@ -59,7 +60,7 @@ def test_a_failing_worker_stops_the_others():
         result = cluster.run([sys.executable, "-c", code], timeout_s=30)
         assert time.monotonic() - start < 10
     assert result.failed_rank == 1 and result.returncodes[1] == 3
-    assert result.returncodes[0] is not None and result.returncodes[0] < 0   # killed
+    assert result.returncodes[0] is not None and result.returncodes[0] < 0  # killed
     assert result.exit_code == 3 and "rank 1 failed with exit code 3" in result.summary()
     assert_gone(cluster.prefix)
 

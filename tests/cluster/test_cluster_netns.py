@@ -24,20 +24,22 @@ def within(measured: float, configured: float, tolerance: float = 0.25) -> bool:
 def test_shaping_limits_throughput_and_routes_through_racks(two_racks):
     with Cluster(two_racks) as cluster:
         before = cluster.link_bytes()
-        cross_rack = measure_mbit(cluster, 0, 2, nbytes=3_000_000)   # 50 Mbit/s uplink
+        cross_rack = measure_mbit(cluster, 0, 2, nbytes=3_000_000)  # 50 Mbit/s uplink
         after_cross = cluster.link_bytes()
-        slow_host = measure_mbit(cluster, 0, 1, nbytes=6_000_000)    # host 1 at 100
-        fast = measure_mbit(cluster, 2, 3, nbytes=30_000_000)       # 1000 Mbit/s links
+        slow_host = measure_mbit(cluster, 0, 1, nbytes=6_000_000)  # host 1 at 100
+        fast = measure_mbit(cluster, 2, 3, nbytes=30_000_000)  # 1000 Mbit/s links
         moved_cross = diff(after_cross, before)
         moved_local = diff(cluster.link_bytes(), after_cross)
-    print(f"measured: uplink 50 -> {cross_rack:.1f}, host 100 -> {slow_host:.1f}, "
-          f"host 1000 -> {fast:.1f} Mbit/s")
+    print(
+        f"measured: uplink 50 -> {cross_rack:.1f}, host 100 -> {slow_host:.1f}, "
+        f"host 1000 -> {fast:.1f} Mbit/s"
+    )
     assert within(cross_rack, 50), cross_rack
     assert within(slow_host, 100), slow_host
     assert fast > 4 * slow_host
     assert moved_cross["rack_uplink:0"].up >= 3_000_000
     assert moved_cross["host:2"].down >= 3_000_000
-    assert moved_local["rack_uplink:0"].total < 100_000     # same-rack traffic stays in rack
+    assert moved_local["rack_uplink:0"].total < 100_000  # same-rack traffic stays in rack
     assert moved_local["host:1"].down >= 6_000_000
 
 

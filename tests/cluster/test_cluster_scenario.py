@@ -15,8 +15,9 @@ def test_scenario_applies_in_order_at_the_right_time():
     calls = []
     events = [Event("rack_uplink", 100, at_s=0.3), Event("rack_uplink", 1000, at_s=0.1)]
     start = time.monotonic()
-    with Scenario(lambda link, rate: calls.append((time.monotonic() - start, link, rate)),
-                  events) as scenario:
+    with Scenario(
+        lambda link, rate: calls.append((time.monotonic() - start, link, rate)), events
+    ) as scenario:
         time.sleep(0.6)
     assert [c[2] for c in calls] == [1000, 100]
     assert 0.05 < calls[0][0] < 0.25 and 0.25 < calls[1][0] < 0.5

@@ -32,12 +32,16 @@ def _prefix(ctx: click.Context, param: click.Parameter, value: str | None) -> st
 
 def _describe(cluster: Cluster) -> str:
     spec = cluster.spec
-    lines = [f"cluster {cluster.prefix} ({spec.name}): {spec.num_hosts} hosts, "
-             f"{spec.world_size} workers, switch namespace {cluster.switch_ns}"]
+    lines = [
+        f"cluster {cluster.prefix} ({spec.name}): {spec.num_hosts} hosts, "
+        f"{spec.world_size} workers, switch namespace {cluster.switch_ns}"
+    ]
     for h in range(spec.num_hosts):
-        lines.append(f"  host {h} rack {spec.rack_of_host(h)}: netns {cluster.host_ns(h)} "
-                     f"{cluster.host_ifname(h)} {cluster.address_of(h)} "
-                     f"{spec.host_rate(h):g} Mbit/s")
+        lines.append(
+            f"  host {h} rack {spec.rack_of_host(h)}: netns {cluster.host_ns(h)} "
+            f"{cluster.host_ifname(h)} {cluster.address_of(h)} "
+            f"{spec.host_rate(h):g} Mbit/s"
+        )
     if spec.has_core:
         lines.append(f"  rack uplinks: {spec.rack_uplink_mbit or 'unshaped'} Mbit/s")
     return "\n".join(lines)
@@ -50,7 +54,9 @@ def cluster() -> None:
 
 @cluster.command()
 @click.argument("topology")
-@click.option("--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random).")
+@click.option(
+    "--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random)."
+)
 def up(topology: str, prefix: str | None) -> None:
     """Build the cluster described by TOPOLOGY (a shipped name or a .toml path) and keep it."""
     spec = _load(topology)
@@ -84,16 +90,37 @@ def down(prefix: str | None, all_: bool) -> None:
 @cluster.command(context_settings={"ignore_unknown_options": True})
 @click.argument("topology")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random).")
-@click.option("--timeout", "timeout_s", default=3600.0, show_default=True,
-              help="Seconds before all workers are killed.")
-@click.option("--duration", "duration_s", type=float, default=None,
-              help="Run length in seconds for events given as at_fraction.")
-@click.option("--log-dir", type=click.Path(path_type=Path), default=None,
-              help="Write each rank's output to LOG_DIR/rank<r>.log.")
-@click.pass_context
-def run(ctx: click.Context, topology: str, command: tuple[str, ...], prefix: str | None,
-        timeout_s: float, duration_s: float | None, log_dir: Path | None) -> None:
+@click.option(
+    "--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random)."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=3600.0,
+    show_default=True,
+    help="Seconds before all workers are killed.",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    default=None,
+    help="Run length in seconds for events given as at_fraction.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write each rank's output to LOG_DIR/rank<r>.log.",
+)
+def run(
+    topology: str,
+    command: tuple[str, ...],
+    prefix: str | None,
+    timeout_s: float,
+    duration_s: float | None,
+    log_dir: Path | None,
+) -> None:
     """Build TOPOLOGY, run COMMAND once per worker in its namespace, tear down.
 
     Example: dssync cluster run s2-inter-rack -- python train.py
@@ -112,10 +139,11 @@ def run(ctx: click.Context, topology: str, command: tuple[str, ...], prefix: str
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         click.echo("interrupted; cluster removed", err=True)
-        ctx.exit(130)
+        sys.exit(130)
     if not result.ok:
         click.echo(result.summary(), err=True)
-    ctx.exit(result.exit_code)
+    # sys.exit, not ctx.exit: the code must survive click's standalone_mode=False.
+    sys.exit(result.exit_code)
 
 
 @cluster.command(name="list")

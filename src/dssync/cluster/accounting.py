@@ -56,5 +56,4 @@ def link_bytes(cluster: Cluster) -> dict[str, LinkBytes]:
 
 def diff(after: dict[str, LinkBytes], before: dict[str, LinkBytes]) -> dict[str, LinkBytes]:
     """Bytes moved on each link between two ``link_bytes`` snapshots."""
-    return {k: LinkBytes(after[k].up - before[k].up, after[k].down - before[k].down)
-            for k in after}
+    return {k: LinkBytes(after[k].up - before[k].up, after[k].down - before[k].down) for k in after}

@@ -76,8 +76,10 @@ class RunResult:
         if self.timed_out:
             return f"timed out; exit codes by rank: {list(self.returncodes)}"
         if self.failed_rank is not None:
-            return (f"rank {self.failed_rank} failed with exit code "
-                    f"{self.returncodes[self.failed_rank]}; the other ranks were stopped")
+            return (
+                f"rank {self.failed_rank} failed with exit code "
+                f"{self.returncodes[self.failed_rank]}; the other ranks were stopped"
+            )
         return f"all {len(self.returncodes)} ranks exited 0"
 
 
@@ -101,7 +103,7 @@ class Workers:
         failed: int | None = None
         timed_out = False
         try:
-            while None in [p.poll() for p in self.procs]:   # poll every one, no short cut
+            while None in [p.poll() for p in self.procs]:  # poll every one, no short cut
                 bad = [r for r, p in enumerate(self.procs) if p.returncode not in (None, 0)]
                 if bad:
                     failed = bad[0]
@@ -135,8 +137,13 @@ class Workers:
         self._logs = []
 
 
-def launch(cluster: Cluster, argv: list[str], env: dict[str, str] | None = None,
-           log_dir: Path | None = None, master_port: int | None = None) -> Workers:
+def launch(
+    cluster: Cluster,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    log_dir: Path | None = None,
+    master_port: int | None = None,
+) -> Workers:
     """Start ``argv`` once per rank with ``ip netns exec <host ns>`` and the rank's env.
 
     ``env`` adds to (and overrides) the inherited environment. With ``log_dir``, rank r's
@@ -155,10 +162,15 @@ def launch(cluster: Cluster, argv: list[str], env: dict[str, str] | None = None,
                 out = open(Path(log_dir) / f"rank{rank}.log", "wb")  # noqa: SIM115
                 logs.append(out)
             ns = cluster.host_ns(cluster.spec.host_of_rank(rank))
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, *argv], env=full_env, stdout=out,
-                stderr=subprocess.STDOUT if out else None, start_new_session=True,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", ns, *argv],
+                    env=full_env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                    start_new_session=True,
+                )
+            )
     except BaseException:
         Workers(procs, logs).kill()
         raise

@@ -117,21 +117,55 @@ class Cluster:
         for ns in namespaces:
             sh(["ip", "netns", "add", ns])
             sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-            sh(["ip", "netns", "exec", ns, "sh", "-c",
-                "for f in /proc/sys/net/ipv6/conf/*/disable_ipv6; do echo 1 > $f; done"],
-               check=False)
+            sh(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "sh",
+                    "-c",
+                    "for f in /proc/sys/net/ipv6/conf/*/disable_ipv6; do echo 1 > $f; done",
+                ],
+                check=False,
+            )
         bridges = [f"{p}r{r}" for r in range(spec.racks)] + ([f"{p}core"] if spec.has_core else [])
         for br in bridges:
             sh(["ip", "-n", sw, "link", "add", br, "type", "bridge"])
             sh(["ip", "-n", sw, "link", "set", br, "up"])
         for h in range(spec.num_hosts):
             ns, dev, peer = self.host_ns(h), self.host_ifname(h), f"{p}h{h}s"
-            sh(["ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", peer,
-                "netns", sw])
+            sh(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    dev,
+                    "netns",
+                    ns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    peer,
+                    "netns",
+                    sw,
+                ]
+            )
             sh(["ip", "-n", sw, "link", "set", peer, "master", f"{p}r{spec.rack_of_host(h)}"])
             sh(["ip", "-n", sw, "link", "set", peer, "up"])
-            sh(["ip", "-n", ns, "addr", "add", f"{self.address_of(h)}/{SUBNET.prefixlen}",
-                "dev", dev])
+            sh(
+                [
+                    "ip",
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    f"{self.address_of(h)}/{SUBNET.prefixlen}",
+                    "dev",
+                    dev,
+                ]
+            )
             sh(["ip", "-n", ns, "link", "set", dev, "up"])
         if spec.has_core:
             for r in range(spec.racks):
@@ -181,8 +215,11 @@ class Cluster:
         """Record prefix and topology under /tmp/dssync-clusters so ``attach`` can find it."""
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         path = STATE_DIR / f"{self.prefix}.json"
-        path.write_text(json.dumps({"prefix": self.prefix, "source": self.spec.source,
-                                    "topology": topology_text}))
+        path.write_text(
+            json.dumps(
+                {"prefix": self.prefix, "source": self.spec.source, "topology": topology_text}
+            )
+        )
         return path
 
     @classmethod
@@ -200,15 +237,21 @@ class Cluster:
 
         return rank_env(self, rank, master_port)
 
-    def launch(self, argv: list[str], env: dict[str, str] | None = None,
-               log_dir: Path | None = None) -> Workers:
+    def launch(
+        self, argv: list[str], env: dict[str, str] | None = None, log_dir: Path | None = None
+    ) -> Workers:
         """Start ``argv`` once per worker in its host namespace; see ``launch.launch``."""
         from dssync.cluster.launch import launch
 
         return launch(self, argv, env=env, log_dir=log_dir)
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 600.0,
-            log_dir: Path | None = None) -> RunResult:
+    def run(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout_s: float = 600.0,
+        log_dir: Path | None = None,
+    ) -> RunResult:
         """Launch ``argv`` on every worker and wait; a failure or timeout kills the rest."""
         return self.launch(argv, env=env, log_dir=log_dir).wait(timeout_s)
 
@@ -229,8 +272,9 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def list_prefixes() -> list[str]:
     """Prefixes of all dssync clusters that have namespaces on this machine."""
     out = sh(["ip", "netns", "list"], check=False)
-    found = {m.group(1) for line in out.splitlines()
-             if (m := ANY_PREFIX_RE.match(line.split(" ")[0]))}
+    found = {
+        m.group(1) for line in out.splitlines() if (m := ANY_PREFIX_RE.match(line.split(" ")[0]))
+    }
     found |= {p.stem for p in STATE_DIR.glob("dss*.json")} if STATE_DIR.is_dir() else set()
     return sorted(found)
 

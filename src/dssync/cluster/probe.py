@@ -34,19 +34,50 @@ s.close()
 """
 
 
-def measure_mbit(cluster: Cluster, src: int, dst: int, nbytes: int = 4_000_000,
-                 timeout_s: float = 15.0, port: int = 5201) -> float:
+def measure_mbit(
+    cluster: Cluster,
+    src: int,
+    dst: int,
+    nbytes: int = 4_000_000,
+    timeout_s: float = 15.0,
+    port: int = 5201,
+) -> float:
     """Send ``nbytes`` over TCP from host ``src`` to host ``dst``; return Mbit/s received."""
     recv = subprocess.Popen(
-        ["ip", "netns", "exec", cluster.host_ns(dst), sys.executable, "-c", RECEIVER,
-         str(port), str(timeout_s)], stdout=subprocess.PIPE, text=True)
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster.host_ns(dst),
+            sys.executable,
+            "-c",
+            RECEIVER,
+            str(port),
+            str(timeout_s),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         if recv.stdout is None or recv.stdout.readline().strip() != "ready":
             raise ClusterError("throughput receiver did not start")
         subprocess.run(
-            ["ip", "netns", "exec", cluster.host_ns(src), sys.executable, "-c", SENDER,
-             cluster.address_of(dst), str(port), str(nbytes), str(timeout_s)],
-            check=True, timeout=timeout_s)
+            [
+                "ip",
+                "netns",
+                "exec",
+                cluster.host_ns(src),
+                sys.executable,
+                "-c",
+                SENDER,
+                cluster.address_of(dst),
+                str(port),
+                str(nbytes),
+                str(timeout_s),
+            ],
+            check=True,
+            timeout=timeout_s,
+        )
         out, _ = recv.communicate(timeout=timeout_s)
     finally:
         if recv.poll() is None:

@@ -35,8 +35,12 @@ class Scenario:
                 cluster.run(argv, timeout_s=90)
     """
 
-    def __init__(self, set_rate: Callable[[str, float], None], events: Sequence[Event],
-                 duration_s: float | None = None) -> None:
+    def __init__(
+        self,
+        set_rate: Callable[[str, float], None],
+        events: Sequence[Event],
+        duration_s: float | None = None,
+    ) -> None:
         self.steps = plan(events, duration_s)
         self.applied: list[tuple[float, Step]] = []
         self.error: BaseException | None = None

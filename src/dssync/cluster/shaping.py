@@ -24,8 +24,15 @@ def burst_bytes(rate_mbit: float) -> int:
 def tbf_args(rate_mbit: float) -> list[str]:
     """The ``tbf ...`` part of a tc command for ``rate_mbit`` Mbit/s."""
     kbit = max(int(round(rate_mbit * 1000)), 8)
-    return ["tbf", "rate", f"{kbit}kbit", "burst", str(burst_bytes(rate_mbit)),
-            "latency", f"{LATENCY_MS}ms"]
+    return [
+        "tbf",
+        "rate",
+        f"{kbit}kbit",
+        "burst",
+        str(burst_bytes(rate_mbit)),
+        "latency",
+        f"{LATENCY_MS}ms",
+    ]
 
 
 def set_tbf(netns: str, dev: str, rate_mbit: float | None) -> None:

@@ -291,7 +291,7 @@ class _Checker:
             raise self.fail(f"{where} needs exactly one of at_s or at_fraction; keep one")
         link = item.get("link")
         if not isinstance(link, str):
-            raise self.fail(f"{where} needs link = \"rack_uplink\", \"rack_uplink:<r>\" or \"host:<h>\"")
+            raise self.fail(f'{where} needs link = "rack_uplink", "rack_uplink:<r>" or "host:<h>"')
         try:
             spec.expand_link(link)
         except TopologyError as exc:
