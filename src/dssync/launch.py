@@ -25,12 +25,17 @@ DEFAULT_TIMEOUT_S = 120.0
 
 
 class WorkerError(RuntimeError):
-    """A worker failed: ``rank`` is the first rank that failed, ``detail`` its traceback or exit code."""
+    """A worker failed: ``rank`` is the first rank that failed, ``detail`` its traceback or exit code.
 
-    def __init__(self, rank: int, detail: str) -> None:
+    ``exc_type`` and ``message`` are the name and text of the worker's exception, if it raised one.
+    """
+
+    def __init__(self, rank: int, detail: str, exc_type: str = "", message: str = "") -> None:
         super().__init__(f"worker rank {rank} failed:\n{detail}")
         self.rank = rank
         self.detail = detail
+        self.exc_type = exc_type
+        self.message = message
 
 
 def free_port() -> int:
@@ -105,7 +110,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: 
                     raise WorkerError(missing[0], f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish")
                 continue
             if kind == "error":
-                raise WorkerError(rank, value)
+                raise WorkerError(rank, *value)
             results[rank] = _unpack(value)
         for p in procs:
             p.join(timeout=10)
@@ -153,8 +158,8 @@ def _worker(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
         value = fn(*args)
         dist.barrier()  # nobody tears down the store while a peer still needs it
         results_q.put(("ok", rank, _pack(value)))
-    except BaseException:  # noqa: BLE001 - forwarded to the parent with its traceback
-        results_q.put(("error", rank, traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - forwarded to the parent with its traceback
+        results_q.put(("error", rank, (traceback.format_exc(), type(e).__name__, str(e))))
     finally:
         if dist.is_initialized():
             try:

@@ -8,3 +8,7 @@ __all__ = [
     "Butterfly", "Global", "Partition", "Schedule", "Shuffle", "Static", "check_partition",
     "consensus_error", "group_of", "mixing_matrix", "product_matrix", "spectral_gap", "split_even",
 ]
+
+from dssync.schedules.names import SCHEDULE_NAMES, schedule_from_name  # noqa: E402
+
+__all__ += ["SCHEDULE_NAMES", "schedule_from_name"]

@@ -3,5 +3,6 @@
 from dssync.strategies.base import Strategy
 from dssync.strategies.bsp import BSP
 from dssync.strategies.dssync import DSSync
+from dssync.strategies.local_sgd import LocalSGD
 
-__all__ = ["BSP", "DSSync", "Strategy"]
+__all__ = ["BSP", "DSSync", "LocalSGD", "Strategy"]

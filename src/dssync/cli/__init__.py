@@ -1,0 +1,51 @@
+"""The `dssync` command line. Each command lives in its own module; this file joins them."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dssync.cli.errors import is_user_error, user_error_message
+from dssync.cli.train_cmd import train
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="dssync")
+def cli() -> None:
+    """DS-Sync: divide-and-shuffle synchronization for data-parallel PyTorch training."""
+
+
+cli.add_command(train)
+
+
+def _register_optional() -> None:
+    """Commands whose modules may pull heavier imports are registered here."""
+    from dssync.cli.bench_sync_cmd import bench_sync
+    from dssync.cli.cluster_cmd import cluster
+
+    cli.add_command(bench_sync)
+    cli.add_command(cluster)
+
+
+_register_optional()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: bad input exits with code 2 and one line that names the problem and the fix."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        click.echo(f"error: {user_error_message(e)}", err=True)
+        sys.exit(2)

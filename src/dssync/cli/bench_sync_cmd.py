@@ -1,0 +1,38 @@
+"""`dssync bench-sync`: the cost of one averaging step against raw all_reduce and DDP."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from dssync.bench.sync_cost import measure
+from dssync.cli.output import console, fmt_ms, write_json
+from dssync.launch import spawn
+
+
+@click.command("bench-sync")
+@click.option("--params", "numel", type=click.IntRange(1000), default=10_000_000, show_default=True,
+              help="Parameters of the flat model.")
+@click.option("--workers", "worker_counts", type=click.IntRange(2, 64), multiple=True, default=(4, 8),
+              show_default=True, help="World sizes to measure (repeat the option).")
+@click.option("--group-size", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=20, show_default=True, help="Timed steps per method.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+def bench_sync(numel, worker_counts, group_size, steps, json_path) -> None:
+    """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
+    rows = []
+    for world in worker_counts:
+        if group_size > world:
+            raise click.BadParameter(f"--group-size {group_size} exceeds --workers {world}")
+        console.print(f"measuring {world} workers, {numel:,} parameters ...")
+        rows.append(spawn(measure, world, args=(numel, group_size, steps), timeout_s=1800)[0])
+    table = Table(title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)")
+    for col in ["workers", "raw all_reduce (group)", "DS-Sync step (group)", "overhead", "DDP grad all-reduce",
+                "DDP / DS-Sync"]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["world_size"]), fmt_ms(r["raw_s"]), fmt_ms(r["dssync_s"]), f"{r['overhead']:.3f}x",
+                      fmt_ms(r["ddp_s"]), f"{r['ddp_s'] / r['dssync_s']:.2f}x")
+    console.print(table)
+    if json_path:
+        write_json(json_path, rows)

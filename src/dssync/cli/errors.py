@@ -1,0 +1,24 @@
+"""Which failures are the user's input (exit 2, one line) rather than dssync's own bugs."""
+
+from __future__ import annotations
+
+from dssync.launch import WorkerError
+
+# Exceptions that mean bad input, by type name (a worker forwards its exception's name).
+USER_ERROR_TYPES = {"ValueError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",
+                    "TopologyError", "CheckpointError", "UsageError"}
+
+
+def is_user_error(e: BaseException) -> bool:
+    if isinstance(e, WorkerError):
+        return e.exc_type in USER_ERROR_TYPES
+    return any(t.__name__ in USER_ERROR_TYPES for t in type(e).__mro__)
+
+
+def user_error_message(e: BaseException) -> str:
+    """One line: the exception's first line (and the worker rank that reported it)."""
+    if isinstance(e, WorkerError):
+        first = (e.message.strip().splitlines() or [e.exc_type])[0]
+        return f"{first} (reported by worker rank {e.rank})"
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

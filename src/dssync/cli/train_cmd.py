@@ -1,0 +1,72 @@
+"""`dssync train`: one training run, local workers by default or one rank under torchrun."""
+
+from __future__ import annotations
+
+import click
+
+from dssync.cli.output import console, public_summary, training_table, write_json
+from dssync.schedules import SCHEDULE_NAMES
+from dssync.train import TrainConfig, run_training
+from dssync.train.config import validate
+from dssync.train.factory import STRATEGIES
+from dssync.workloads import WORKLOADS
+
+
+def training_options(f):
+    """Options shared by every command that trains (train, compare)."""
+    opts = [
+        click.option("--workload", type=click.Choice(sorted(WORKLOADS)), default="mnist", show_default=True,
+                     help="Model and data."),
+        click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True,
+                     help="Local worker processes (ignored under torchrun)."),
+        click.option("--group-size", type=click.IntRange(1), default=2, show_default=True,
+                     help="Ranks per DS-Sync group."),
+        click.option("--schedule", type=click.Choice(SCHEDULE_NAMES), default="shuffle", show_default=True,
+                     help="How DS-Sync groups change between steps."),
+        click.option("--period", type=click.IntRange(1), default=None,
+                     help="Cycle this many shuffled partitions (default: a fresh one every step)."),
+        click.option("--epochs", type=click.IntRange(1), default=3, show_default=True),
+        click.option("--batch-size", type=click.IntRange(1), default=None, help="Per-worker batch (workload default)."),
+        click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Learning rate (workload default)."),
+        click.option("--data-dir", type=click.Path(), default=None, help="Local data folder for the workload."),
+        click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
+                     help="Seconds any collective may wait before the run fails."),
+        click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps."),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.command()
+@training_options
+@click.option("--sync", type=click.Choice(sorted(STRATEGIES)), default="dssync", show_default=True,
+              help="Synchronization method.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--average-momentum", is_flag=True, help="DS-Sync also averages optimizer state.")
+@click.option("--slow-rank", type=click.IntRange(0), default=None, help="Make this rank a straggler (tests, benchmarks).")
+@click.option("--slow-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Extra milliseconds per step on --slow-rank.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the summary here as JSON.")
+def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, data_dir, timeout_s,
+          max_steps, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path) -> None:
+    """Train WORKLOAD with one synchronization method and print a summary table.
+
+    Spawns --workers processes on this machine (gloo on loopback). Under torchrun
+    (`torchrun --nproc-per-node N -m dssync train ...`) this process is one rank instead.
+    """
+    cfg = TrainConfig(workload=workload, sync=sync, schedule=schedule, group_size=group_size, period=period,
+                      epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, data_dir=data_dir,
+                      timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
+                      slow_rank=slow_rank, slow_ms=slow_ms, progress=not quiet)
+    validate(cfg, workers)
+    summary = run_training(cfg, workers=workers)
+    if summary is None:
+        return  # a non-zero rank under torchrun
+    console.print(training_table([summary]))
+    if json_path:
+        write_json(json_path, public_summary(summary))
+        console.print(f"summary written to {json_path}")

@@ -1,0 +1,57 @@
+"""Settings of one training run, shared by the CLI, the local launcher and torchrun workers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    """Everything a worker needs to train; the same on every rank.
+
+    Example::
+
+        cfg = TrainConfig(workload="digits", sync="dssync", group_size=2, epochs=2)
+    """
+
+    workload: str = "mnist"
+    sync: str = "dssync"
+    schedule: str = "shuffle"
+    group_size: int = 2
+    period: int | None = None
+    epochs: int = 3
+    seed: int = 0
+    batch_size: int | None = None
+    lr: float | None = None
+    data_dir: str | None = None
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    local_sgd_period: int = 4
+    average_momentum: bool = False
+    bucket_mb: float = 25.0
+    timeout_s: float = 120.0
+    max_steps: int | None = None
+    eval_every: int = 0
+    slow_rank: int | None = None
+    slow_ms: float = 0.0
+    swa_start: float | None = None
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate(cfg: TrainConfig, workers: int) -> None:
+    """Reject settings that cannot work, before any worker starts; the message names the fix."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", workers))
+    if cfg.sync == "dssync" and cfg.schedule != "global" and cfg.group_size > world:
+        raise ValueError(
+            f"--group-size {cfg.group_size} is larger than the {world} workers; "
+            f"use a group size from 1 to {world}"
+        )
+    if cfg.slow_rank is not None and cfg.slow_rank >= world:
+        raise ValueError(f"--slow-rank {cfg.slow_rank} does not exist with {world} workers; use 0 to {world - 1}")
+    if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
+        raise FileNotFoundError(f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data")
