@@ -10,7 +10,14 @@ import time
 import pytest
 from cluster_helpers import assert_gone, netns_names
 
-from dssync.cluster import Cluster, ClusterError, diff, load_topology, measure_mbit
+from dssync.cluster import (
+    Cluster,
+    ClusterError,
+    Scenario,
+    diff,
+    load_topology,
+    measure_mbit,
+)
 from dssync.cluster.netns import remove_prefix
 from dssync.cluster.shaping import burst_bytes, current_rate_mbit
 
@@ -115,3 +122,16 @@ def test_not_root_is_a_clear_error(monkeypatch):
     with pytest.raises(ClusterError, match="iproute2"):
         shell.require_root_and_tools()
     time.sleep(0)
+
+
+def test_scenario_changes_a_live_cluster():
+    spec = load_topology("s4-dynamic")
+    with Cluster(spec) as cluster:
+        uplink = (cluster.switch_ns, f"{cluster.prefix}u1c")
+        seen = []
+        with Scenario(cluster.set_rate, spec.events, duration_s=3.0) as scenario:
+            for _ in range(3):  # events fire at 1.0 s and 2.0 s; look at 0.5, 1.5 and 2.5 s
+                time.sleep(0.5 if not seen else 1.0)
+                seen.append(current_rate_mbit(*uplink))
+        assert scenario.error is None and len(scenario.applied) == 2
+        assert seen == [pytest.approx(1000), pytest.approx(100), pytest.approx(1000)]

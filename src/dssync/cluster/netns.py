@@ -203,11 +203,16 @@ class Cluster:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if main:  # do not let a second Ctrl-C or SIGTERM cut the teardown short
+            old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             self.down()
         finally:
-            if self._old_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+            if main:
+                signal.signal(signal.SIGINT, old_int)
+                signal.signal(signal.SIGTERM, self._old_sigterm or signal.SIG_DFL)
                 self._old_sigterm = None
 
     # state file, so the CLI can find a cluster built by an earlier command ----------------
