@@ -11,7 +11,7 @@ import torch
 from workload_helpers import first_batch, train_steps
 
 from dssync.workloads import get
-from dssync.workloads.wrn import WideResNet, random_crop_flip
+from dssync.workloads.wrn import WideResNet, blocks_per_group, random_crop_flip
 
 
 def write_cifar(root, hundred: bool = False, per_file: int = 6):
@@ -78,9 +78,11 @@ def test_cifar_errors_name_the_layout(tmp_path):
         get("wrn", data_dir=str(tmp_path)).datasets()
 
 
-def test_depth_must_be_6n_plus_4():
-    with pytest.raises(ValueError, match="6n\\+4"):
-        WideResNet(depth=12)
+def test_depth_counts_6n_plus_4_or_6n_plus_2():
+    assert [blocks_per_group(d) for d in (10, 8, 28, 26)] == [1, 1, 4, 4]
+    for bad in (12, 4, 2):
+        with pytest.raises(ValueError, match="6n\\+4 or 6n\\+2"):
+            WideResNet(depth=bad)
     assert WideResNet(depth=16, width=1)(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 

