@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -111,6 +110,8 @@ class DeepFMWorkload(Workload):
 
     @torch.no_grad()
     def evaluate(self, model, data):
+        from sklearn.metrics import roc_auc_score
+
         was_training = model.training
         model.eval()
         logits, labels = [], []
