@@ -107,7 +107,9 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: 
                 _check_exits(procs, results)
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(results))
-                    raise WorkerError(missing[0], f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish")
+                    raise WorkerError(
+                        missing[0], f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish"
+                    ) from None
                 continue
             if kind == "error":
                 raise WorkerError(rank, *value)

@@ -83,7 +83,7 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0) -> dict[str,
     for s in range(-2, steps):  # two warm-up steps
         sync.steps = s % 8
         row = {
-            "raw": _timed(lambda: raw_step(s % 8)),
+            "raw": _timed(lambda s=s: raw_step(s % 8)),
             "dssync": _timed(sync.step),
             "ddp_backward": _timed(ddp_backward),
             "local_backward": _timed(local_backward),

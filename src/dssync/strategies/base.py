@@ -17,14 +17,13 @@ class behind this interface, so a training loop is written once:
 from __future__ import annotations
 
 import time
-from abc import ABC
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
 
-class Strategy(ABC):
+class Strategy:
     """Base class: no synchronization at all (each rank trains alone).
 
     ``model`` is what forward runs on (a wrapper such as DDP for BSP, else the module itself);

@@ -10,7 +10,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets, GroupCache, average_tensors, fingerprint_check
+from dssync.comm import (
+    DEFAULT_BUCKET_BYTES,
+    FlatBuckets,
+    GroupCache,
+    average_tensors,
+    fingerprint_check,
+)
 from dssync.comm.consensus import module_fingerprint
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.strategies.base import Strategy, SyncTimer

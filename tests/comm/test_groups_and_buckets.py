@@ -1,0 +1,87 @@
+"""Group cache stays bounded and leaks no sockets; buckets lay tensors out as views."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from dssync import DSSync, Shuffle
+from dssync.comm import FlatBuckets, GroupCache, plan_buckets
+from dssync.launch import spawn
+
+
+def test_plan_buckets_respects_cap_and_kinds():
+    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(5, dtype=torch.float64), torch.zeros(1)]
+    plan = plan_buckets(ts, bucket_bytes=80)
+    assert [len(b) for b in plan] == [2, 1, 1, 1]  # 40+40 bytes; 120 alone; 4 bytes; float64 apart
+    assert all(len({t.dtype for t in b}) == 1 for b in plan)
+
+
+def test_flat_buckets_are_views_and_keep_values():
+    m = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    before = [p.detach().clone() for p in m.parameters()]
+    b = FlatBuckets(list(m.parameters()), bucket_bytes=48)
+    assert len(b.buffers) > 1 and b.numel == sum(p.numel() for p in before)
+    for p, v in zip(m.parameters(), before, strict=True):
+        assert torch.equal(p, v)
+    b.buffers[0].fill_(3.0)
+    assert torch.all(next(m.parameters()) == 3.0)
+    assert b.intact()
+    m[0].weight.data = m[0].weight.data.clone()
+    assert not b.intact()
+    with pytest.raises(ValueError, match="bucket_bytes=0"):
+        FlatBuckets(list(m.parameters()), bucket_bytes=0)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _churn(steps: int, max_groups: int):
+    """A never-repeating shuffle over 4 ranks has only 6 distinct pairs; force eviction with a tiny cache."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8)
+    sync = DSSync(m, schedule=Shuffle(2, seed=1), max_groups=max_groups)
+    sizes, fds = [], []
+    for s in range(steps):
+        sync.step()
+        sizes.append(len(sync.groups))
+        if s in (steps // 2, steps - 1):
+            fds.append(_open_fds())
+    return max(sizes), sync.groups.created, sync.groups.destroyed, fds
+
+
+def test_group_cache_is_bounded_and_leaks_no_descriptors():
+    out = spawn(_churn, 4, args=(60, 2), timeout_s=240)
+    for max_size, created, destroyed, fds in out:
+        assert max_size <= 2
+        assert created > 6 and destroyed >= created - 2  # groups were recreated after eviction
+        assert fds[1] <= fds[0] + 2, f"file descriptors grew from {fds[0]} to {fds[1]}"
+
+
+def _reuse(steps: int):
+    sync = DSSync(nn.Linear(4, 4), schedule=Shuffle(2, seed=2))
+    for _ in range(steps):
+        sync.step()
+    return sync.groups.created, len(sync.groups)
+
+
+def test_groups_are_created_once_and_reused():
+    for created, cached in spawn(_reuse, 4, args=(40,), timeout_s=120):
+        assert created == cached <= 6  # 4 ranks have 6 distinct pairs, however many steps
+
+
+def _cache_get_unprepared():
+    cache = GroupCache()
+    try:
+        cache.get([0, 1])
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def test_unprepared_group_is_an_error():
+    assert "prepare(partition)" in spawn(_cache_get_unprepared, 3, timeout_s=60)[0]
