@@ -33,6 +33,8 @@ def training_options(f):
         click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
                      help="Seconds any collective may wait before the run fails."),
         click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps."),
+        click.option("--swa-start", type=click.FloatRange(0, 1, max_open=True), default=None,
+                     help="Keep a running weight average from this fraction of the run; report the SWA ensemble."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -52,7 +54,7 @@ def training_options(f):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the summary here as JSON.")
 def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, data_dir, timeout_s,
-          max_steps, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path) -> None:
+          max_steps, swa_start, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
 
     Spawns --workers processes on this machine (gloo on loopback). Under torchrun
@@ -61,7 +63,8 @@ def train(workload, workers, group_size, schedule, period, epochs, batch_size, l
     cfg = TrainConfig(workload=workload, sync=sync, schedule=schedule, group_size=group_size, period=period,
                       epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, data_dir=data_dir,
                       timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
-                      slow_rank=slow_rank, slow_ms=slow_ms, progress=not quiet)
+                      slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start,
+                      progress=not quiet)
     validate(cfg, workers)
     summary = run_training(cfg, workers=workers)
     if summary is None:

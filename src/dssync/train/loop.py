@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from dssync.comm import average_tensors, consensus_distance
 from dssync.train.config import TrainConfig
 from dssync.train.factory import build_strategy
+from dssync.train.swa import WeightAverage, recompute_batch_norm
 from dssync.workloads import Workload, get, shard
 
 
@@ -68,6 +69,8 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     evals: list[dict[str, Any]] = []
     compute_s = sync_s = train_s = 0.0
     step = 0
+    swa_from = None if cfg.swa_start is None else int(cfg.swa_start * total)
+    swa = None
     for epoch in range(cfg.epochs):
         loader = DataLoader(local, batch_size=batch, shuffle=True, drop_last=True,
                             generator=torch.Generator().manual_seed(cfg.seed * 7919 + epoch * 31 + rank))
@@ -89,6 +92,9 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
             compute_s += dt - s
             train_s += dt
             step += 1
+            if swa_from is not None and step > swa_from:
+                swa = swa or WeightAverage(strategy.module)
+                swa.update(strategy.module)
             log.append({"step": step, "epoch": epoch, "time_s": train_s, "loss": loss.item(),
                         "iter_s": dt, "sync_s": s})
             if bar is not None:
@@ -107,6 +113,9 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     distance = consensus_distance(strategy.module)
     strategy.average_all()
     final = wl.evaluate(strategy.module, test_set)
+    swa_metric = None
+    if swa is not None:
+        swa_metric = _swa_ensemble(wl, swa, local, test_set, batch)[wl.metric_name]
     per_rank = [None] * world
     dist.all_gather_object(per_rank, {"metric": own[wl.metric_name], "compute_s": compute_s,
                                       "sync_s": sync_s, "steps": step})
@@ -121,6 +130,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
         "final_metric": final[wl.metric_name],
         "final_loss": final["loss"],
         "final_accuracy": final.get("accuracy"),
+        "swa_metric": swa_metric,
         "worker_metric": [r["metric"] for r in per_rank],
         "worker_accuracy": [r["metric"] for r in per_rank] if wl.metric_name == "accuracy" else None,
         "consensus_distance": distance,
@@ -133,6 +143,15 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
         "evals": evals,
     }
     return summary
+
+
+def _swa_ensemble(wl: Workload, swa: WeightAverage, local, test_set, batch: int) -> dict[str, float]:
+    """Average every worker's running weight mean, re-estimate batch norm, evaluate (all ranks call)."""
+    ensemble = averaged_copy(swa.module)
+    loader = DataLoader(local, batch_size=batch, shuffle=False)
+    recompute_batch_norm(ensemble, loader, lambda m, b: wl.loss(m, b))
+    ensemble = averaged_copy(ensemble)  # every worker's batch-norm estimate, averaged
+    return wl.evaluate(ensemble, test_set)
 
 
 def _eval_record(wl: Workload, module: nn.Module, test_set, step: int, epoch: int, t: float) -> dict[str, Any]:
