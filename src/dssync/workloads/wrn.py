@@ -130,7 +130,9 @@ class WRN(Workload):
     def augment(self) -> bool:
         value = self.options.get("augment", self._load()[4])
         if isinstance(value, str):
-            value = {"true": True, "1": True, "false": False, "0": False}[value.lower()]
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"augment={value!r}; use true or false")
+            value = value.lower() in ("true", "1")
         return bool(value)
 
     def model(self) -> nn.Module:
