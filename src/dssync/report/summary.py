@@ -1,0 +1,55 @@
+"""Summaries over seeds: mean and spread of the final metric, time to a target, throughput."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def time_to_target(evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool) -> float | None:
+    """Training seconds until the averaged model first reached ``target`` (None if it never did)."""
+    for e in evals:
+        value = e.get(metric)
+        if value is None:
+            continue
+        if (value >= target) if higher_is_better else (value <= target):
+            return float(e["time_s"])
+    return None
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.stdev(values) if len(values) > 1 else (0.0 if values else None)
+
+
+def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """One method's runs (one per seed) -> the figures of the comparison table."""
+    first = runs[0]
+    metric, higher = first["metric_name"], first["higher_is_better"]
+    finals = [r["final_metric"] for r in runs]
+    reach = [time_to_target(r["evals"], metric, target, higher) for r in runs] if target is not None else []
+    reached = [t for t in reach if t is not None]
+    return {
+        "metric_name": metric,
+        "higher_is_better": higher,
+        "seeds": [r["config"]["seed"] for r in runs],
+        "final_metric": _mean(finals),
+        "final_metric_std": _std(finals),
+        "final_metrics": finals,
+        "swa_metric": _mean([r.get("swa_metric") for r in runs]),
+        "swa_metric_std": _std([r.get("swa_metric") for r in runs]),
+        "target": target,
+        # Mean over the seeds that reached the target; None when no seed did.
+        "time_to_target_s": _mean(reached) if reached else None,
+        "seeds_reaching_target": len(reached),
+        "iterations_per_s": _mean([r["steps"] / r["train_time_s"] for r in runs if r["train_time_s"] > 0]),
+        "iter_time_s": _mean([r["iter_time_s"] for r in runs]),
+        "sync_time_s": _mean([r["sync_time_s"] for r in runs]),
+        "consensus_distance": _mean([r["consensus_distance"] for r in runs]),
+        "train_time_s": _mean([r["train_time_s"] for r in runs]),
+    }

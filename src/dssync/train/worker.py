@@ -1,0 +1,34 @@
+"""One rank of a training run started by someone else (an emulated cluster, a job script).
+
+    python -m dssync.train.worker CONFIG.json SUMMARY.json
+
+reads a TrainConfig from CONFIG.json, joins the process group described by the environment
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, on rank 0, writes the full summary (with the
+per-step log) to SUMMARY.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from dssync.train.config import TrainConfig
+from dssync.train.run import run_training
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m dssync.train.worker CONFIG.json SUMMARY.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cfg = TrainConfig(**json.load(f))
+    summary = run_training(cfg)
+    if summary is not None:
+        from dssync.cli.output import write_json
+
+        write_json(argv[1], summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
