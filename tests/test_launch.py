@@ -1,0 +1,52 @@
+"""The multi-process helper: results by rank, forwarded exceptions, kill on timeout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch.distributed as dist
+
+from dssync.launch import WorkerError, spawn
+
+
+def _rank_and_pid():
+    return dist.get_rank(), dist.get_world_size(), os.getpid()
+
+
+def test_results_come_back_by_rank():
+    out = spawn(_rank_and_pid, 3, timeout_s=60)
+    assert [r[:2] for r in out] == [(0, 3), (1, 3), (2, 3)]
+    assert len({r[2] for r in out}) == 3
+
+
+def _raises_on_rank_one():
+    if dist.get_rank() == 1:
+        raise KeyError("no such shard")
+    dist.barrier()
+
+
+def test_exception_is_forwarded_with_traceback():
+    with pytest.raises(WorkerError) as info:
+        spawn(_raises_on_rank_one, 2, timeout_s=60, collective_timeout_s=10)
+    assert info.value.rank == 1 and info.value.exc_type == "KeyError"
+    assert "Traceback" in info.value.detail and "no such shard" in info.value.detail
+
+
+def _sleeps_forever(pid_dir: str):
+    with open(os.path.join(pid_dir, str(dist.get_rank())), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(1)
+
+
+def test_timeout_kills_every_rank(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="timed out"):
+        spawn(_sleeps_forever, 2, args=(str(tmp_path),), timeout_s=8)
+    assert time.monotonic() - t0 < 30
+    for f in tmp_path.iterdir():
+        pid = int(f.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
