@@ -1,0 +1,157 @@
+"""Topology-aware division: groups stay behind fast links; crossings are planned, rare and narrow.
+
+The paper's "bottleneck-free" division. At each step:
+
+* every ``cross_every`` steps, ``cross_pairs`` pairs cross between neighbouring domains (racks);
+* each slow rank joins a pair with a fast neighbour once every ``slow_every`` steps and is alone
+  otherwise, so a slow host never sets the pace of the others;
+* everyone else is shuffled into groups of ``group_size`` inside their own domain.
+
+The pattern repeats every ``period`` steps, so all its groups can be created up front, and it
+depends only on (step, world size, settings), so every rank computes the same partition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from dssync.schedules.base import Partition, Schedule, canonical, check_group_size, split_even
+
+# A crossing may add at most this fraction of a local sync's time per step, amortized.
+CROSSING_BUDGET = 0.25
+
+
+class TopologyAware(Schedule):
+    """Groups inside ``domains`` (lists of ranks, e.g. racks); planned crossings; slow ranks rare.
+
+    Example::
+
+        >>> s = TopologyAware([[0, 1, 2, 3], [4, 5, 6, 7]], cross_every=4, slow=[7], slow_every=2)
+        >>> s.partition(1, 8)
+        [[0, 1], [2, 3], [4, 6], [5], [7]]
+    """
+
+    def __init__(self, domains: Sequence[Sequence[int]], group_size: int = 2, cross_every: int = 4,
+                 cross_pairs: int = 1, slow: Sequence[int] = (), slow_every: int = 4, seed: int = 0,
+                 base_period: int = 8) -> None:
+        check_group_size(group_size)
+        for name, value in (("cross_every", cross_every), ("slow_every", slow_every),
+                            ("base_period", base_period)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1 (steps)")
+        if cross_pairs < 0:
+            raise ValueError(f"cross_pairs={cross_pairs} must be >= 0; use 1 for one narrow crossing")
+        self.domains = tuple(tuple(sorted(int(r) for r in d)) for d in domains if len(d))
+        self.group_size = group_size
+        self.cross_every = cross_every
+        self.cross_pairs = cross_pairs
+        self.slow = tuple(sorted(int(r) for r in slow))
+        self.slow_every = slow_every
+        self.seed = seed
+        self.period = math.lcm(cross_every, slow_every, base_period)
+
+    @property
+    def world(self) -> int:
+        return sum(len(d) for d in self.domains)
+
+    def cycle(self, world_size: int) -> int | None:
+        return self.period
+
+    def partition(self, step: int, world_size: int) -> Partition:
+        if world_size != self.world:
+            raise ValueError(
+                f"this TopologyAware schedule was planned for {self.world} ranks, not {world_size}; "
+                "plan it from the topology of this run (dssync.schedules.plan_topology_aware)"
+            )
+        key = step % self.period
+        slow = set(self.slow)
+        pools = [[r for r in d if r not in slow] for d in self.domains]
+        groups: list[list[int]] = []
+        if len(pools) > 1 and key % self.cross_every == 0:
+            event = key // self.cross_every
+            for i in range(self.cross_pairs):
+                a = (event * self.cross_pairs + i) % len(pools)
+                b = (a + 1 + event // len(pools) % max(len(pools) - 1, 1)) % len(pools)
+                if a != b and pools[a] and pools[b]:
+                    turn = event * self.cross_pairs + i
+                    groups.append([_take(pools[a], turn), _take(pools[b], turn * 3 + 1)])
+        for i, r in enumerate(self.slow):
+            home = next(d for d, dom in enumerate(self.domains) if r in dom)
+            if (key + i) % self.slow_every == 0:
+                donor = home if pools[home] else max(range(len(pools)), key=lambda d: len(pools[d]))
+                if pools[donor]:
+                    groups.append([r, _take(pools[donor], key // self.slow_every + i)])
+                    continue
+            groups.append([r])
+        rng = np.random.default_rng([self.seed, key])
+        for pool in pools:
+            if self.group_size == 2:
+                groups += _round_robin_pairs(pool, key, self.seed)
+            elif pool:
+                groups += split_even([int(r) for r in rng.permutation(pool)], self.group_size)
+        return canonical(groups)
+
+    def crossings(self, step: int, world_size: int) -> list[list[int]]:
+        """The groups of ``step`` that span more than one domain."""
+        home = {r: d for d, dom in enumerate(self.domains) for r in dom}
+        return [g for g in self.partition(step, world_size) if len({home[r] for r in g}) > 1]
+
+
+def _take(pool: list[int], turn: int) -> int:
+    """Remove and return the member at position ``turn`` (mod the pool's size)."""
+    return pool.pop(turn % len(pool))
+
+
+def _round_robin_pairs(pool: list[int], key: int, seed: int) -> list[list[int]]:
+    """Round ``key`` of a round-robin over ``pool`` (circle method): every pair meets in turn."""
+    order = [int(r) for r in np.random.default_rng(seed).permutation(pool)] if seed else list(pool)
+    if len(order) % 2:
+        order.append(-1)  # sits out
+    n = len(order)
+    if n < 2:
+        return [[r] for r in order if r >= 0]
+    shift = key % (n - 1)
+    rest = order[1:]
+    ring = [order[0], *(rest[-shift:] + rest[:-shift] if shift else rest)]
+    groups = []
+    for i in range(n // 2):
+        pair = [r for r in (ring[i], ring[n - 1 - i]) if r >= 0]
+        groups += [pair] if len(pair) == 2 else [[r] for r in pair]
+    return groups
+
+
+def every_for(ratio: float, cap: int) -> int:
+    """How rarely to take a sync that costs ``ratio`` times a local one: a power of two <= cap.
+
+    The extra cost (ratio - 1) spread over the steps in between stays within CROSSING_BUDGET.
+    """
+    extra = ratio - 1.0
+    every = 1
+    while extra / every > CROSSING_BUDGET and every < cap:
+        every *= 2
+    return min(every, cap)
+
+
+def plan_topology_aware(topology, group_size: int = 2, seed: int = 0, max_every: int = 8,
+                        cross_pairs: int = 1) -> TopologyAware:
+    """The schedule for a :class:`dssync.topology.Topology`: domains, crossing and slow-host pace.
+
+    With known rates, crossings happen every ``every_for(local / (uplink / cross_pairs))`` steps
+    and slow hosts sync every ``every_for(local / slow host rate)`` steps (powers of two, at most
+    ``max_every``, so an adjustment window of ``max_every`` steps sees every kind of group).
+    Without rates, crossings happen every ``max_every // 2`` steps.
+    """
+    local = topology.local_mbit()
+    if local and topology.uplink_mbit:
+        cross_every = every_for(local / (topology.uplink_mbit / max(cross_pairs, 1)), max_every)
+    else:
+        cross_every = max(max_every // 2, 1)
+    slow = topology.slow_ranks
+    slow_rates = [topology.host_mbit[h] for h in topology.slow_hosts if h in topology.host_mbit]
+    slow_every = every_for(local / min(slow_rates), max_every) if slow and local and slow_rates else max_every
+    return TopologyAware(topology.domains(), group_size=group_size, cross_every=cross_every,
+                         cross_pairs=cross_pairs, slow=slow, slow_every=slow_every, seed=seed,
+                         base_period=max_every)
