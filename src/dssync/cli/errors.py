@@ -6,7 +6,8 @@ from dssync.launch import WorkerError
 
 # Exceptions that mean bad input, by type name (a worker forwards its exception's name).
 USER_ERROR_TYPES = {"ValueError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",
-                    "TopologyError", "CheckpointError", "UsageError"}
+                    "FileExistsError", "TopologyError", "CheckpointError", "CheckpointDamaged",
+                    "UsageError"}
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -22,3 +23,21 @@ def user_error_message(e: BaseException) -> str:
         return f"{first} (reported by worker rank {e.rank})"
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
+
+
+def worker_failure(e: WorkerError) -> Exception:
+    """A worker's failure as the CLI reports it.
+
+    Bad input stays as it is (exit 2, one line). A worker that died, hung or crashed becomes a
+    ClickException (exit 1) whose message names the rank; its traceback goes to stderr first.
+    """
+    if is_user_error(e):
+        return e
+    import sys
+
+    import click
+
+    if "Traceback" in e.detail and e.exc_type != "WorkerLostError":
+        print(e.detail.rstrip(), file=sys.stderr)
+    first = (e.message.strip().splitlines() or e.detail.strip().splitlines() or ["failed"])[0]
+    return click.ClickException(f"worker rank {e.rank} failed: {first}")

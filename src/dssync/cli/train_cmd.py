@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from dssync.cli.errors import worker_failure
 from dssync.cli.output import console, public_summary, training_table, write_json
+from dssync.launch import WorkerError
 from dssync.schedules import SCHEDULE_NAMES
 from dssync.train import TrainConfig, run_training
 from dssync.train.config import validate
@@ -53,8 +55,18 @@ def training_options(f):
               help="Extra milliseconds per step on --slow-rank.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the summary here as JSON.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Write per-worker checkpoints into this folder (created if missing).")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=None,
+              help="Steps between checkpoints (default with --checkpoint-dir: every epoch).")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest checkpoint in --checkpoint-dir; start fresh if there is none.")
+@click.option("--crash-rank", type=click.IntRange(0), default=None, hidden=True,
+              help="Test only: this rank exits abruptly after --crash-at-step steps (once).")
+@click.option("--crash-at-step", type=click.IntRange(1), default=None, hidden=True)
 def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, data_dir, timeout_s,
-          max_steps, swa_start, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path) -> None:
+          max_steps, swa_start, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path,
+          checkpoint_dir, checkpoint_every, resume, crash_rank, crash_at_step) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
 
     Spawns --workers processes on this machine (gloo on loopback). Under torchrun
@@ -64,9 +76,16 @@ def train(workload, workers, group_size, schedule, period, epochs, batch_size, l
                       epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, data_dir=data_dir,
                       timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
                       slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start,
-                      progress=not quiet)
+                      progress=not quiet, checkpoint_dir=checkpoint_dir,
+                      checkpoint_every=checkpoint_every or 0, resume=resume, crash_rank=crash_rank,
+                      crash_at_step=crash_at_step)
+    if (crash_rank is None) != (crash_at_step is None):
+        raise click.UsageError("--crash-rank and --crash-at-step go together; give both or neither")
     validate(cfg, workers)
-    summary = run_training(cfg, workers=workers)
+    try:
+        summary = run_training(cfg, workers=workers)
+    except WorkerError as e:
+        raise worker_failure(e) from None
     if summary is None:
         return  # a non-zero rank under torchrun
     console.print(training_table([summary]))

@@ -36,6 +36,11 @@ class TrainConfig:
     slow_ms: float = 0.0
     swa_start: float | None = None
     progress: bool = True
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    crash_rank: int | None = None
+    crash_at_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,3 +60,31 @@ def validate(cfg: TrainConfig, workers: int) -> None:
         raise ValueError(f"--slow-rank {cfg.slow_rank} does not exist with {world} workers; use 0 to {world - 1}")
     if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
         raise FileNotFoundError(f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data")
+    if cfg.crash_rank is not None and cfg.crash_rank >= world:
+        raise ValueError(f"--crash-rank {cfg.crash_rank} does not exist with {world} workers; use 0 to {world - 1}")
+    _validate_checkpointing(cfg, world)
+
+
+def _validate_checkpointing(cfg: TrainConfig, world: int) -> None:
+    import os
+
+    if cfg.checkpoint_dir is None:
+        if cfg.checkpoint_every or cfg.resume:
+            flag = "--resume" if cfg.resume else "--checkpoint-every"
+            raise ValueError(f"{flag} needs a folder; add --checkpoint-dir DIR")
+        return
+    if os.path.exists(cfg.checkpoint_dir) and not os.path.isdir(cfg.checkpoint_dir):
+        raise NotADirectoryError(
+            f"--checkpoint-dir {cfg.checkpoint_dir} is a file, not a folder; pass a folder (it is created if missing)"
+        )
+    from dssync.train.checkpoint import any_checkpoints
+
+    if cfg.resume:
+        from dssync.train.resume import preflight, run_header
+
+        preflight(cfg.checkpoint_dir, run_header(cfg, world))
+    elif any_checkpoints(cfg.checkpoint_dir):
+        raise FileExistsError(
+            f"--checkpoint-dir {cfg.checkpoint_dir} already holds checkpoints of another run; "
+            "add --resume to continue it, or pass an empty folder"
+        )
