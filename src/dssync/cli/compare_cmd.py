@@ -18,6 +18,8 @@ from dssync.train.factory import STRATEGIES
 
 
 def _methods(ctx, param, value: str) -> list[str]:
+    if value.strip() == "all":
+        return list(STRATEGIES)
     names = [m.strip() for m in value.split(",") if m.strip()]
     unknown = [m for m in names if m not in STRATEGIES]
     if unknown or not names:
@@ -27,7 +29,7 @@ def _methods(ctx, param, value: str) -> list[str]:
 
 @click.command()
 @training_options
-@click.option("--methods", default="bsp,dssync", show_default=True, callback=_methods,
+@click.option("--methods", default="all", show_default=True, callback=_methods,
               help=f"Comma-separated methods: {', '.join(STRATEGIES)} (or 'all').")
 @click.option("--seeds", type=click.IntRange(1, 20), default=3, show_default=True, help="Seeds 0..N-1.")
 @click.option("--target", type=float, default=None,
