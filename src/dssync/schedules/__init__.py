@@ -12,3 +12,6 @@ __all__ = [
 from dssync.schedules.names import SCHEDULE_NAMES, schedule_from_name  # noqa: E402
 
 __all__ += ["SCHEDULE_NAMES", "schedule_from_name"]
+from dssync.schedules.topology import TopologyAware, plan_topology_aware  # noqa: E402
+
+__all__ += ["TopologyAware", "plan_topology_aware"]

@@ -70,14 +70,15 @@ class TopologyAware(Schedule):
         slow = set(self.slow)
         pools = [[r for r in d if r not in slow] for d in self.domains]
         groups: list[list[int]] = []
+        rng = np.random.default_rng([self.seed, key])
         if len(pools) > 1 and key % self.cross_every == 0:
             event = key // self.cross_every
             for i in range(self.cross_pairs):
                 a = (event * self.cross_pairs + i) % len(pools)
                 b = (a + 1 + event // len(pools) % max(len(pools) - 1, 1)) % len(pools)
                 if a != b and pools[a] and pools[b]:
-                    turn = event * self.cross_pairs + i
-                    groups.append([_take(pools[a], turn), _take(pools[b], turn * 3 + 1)])
+                    groups.append([_take(pools[a], int(rng.integers(len(pools[a])))),
+                                   _take(pools[b], int(rng.integers(len(pools[b]))))])
         for i, r in enumerate(self.slow):
             home = next(d for d, dom in enumerate(self.domains) if r in dom)
             if (key + i) % self.slow_every == 0:
@@ -86,7 +87,6 @@ class TopologyAware(Schedule):
                     groups.append([r, _take(pools[donor], key // self.slow_every + i)])
                     continue
             groups.append([r])
-        rng = np.random.default_rng([self.seed, key])
         for pool in pools:
             if self.group_size == 2:
                 groups += _round_robin_pairs(pool, key, self.seed)

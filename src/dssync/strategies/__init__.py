@@ -1,8 +1,10 @@
 """What plugs into a training loop: one class per synchronization method, one interface."""
 
+from dssync.strategies.adaptive import AdaptiveDSSync
 from dssync.strategies.base import Strategy
 from dssync.strategies.bsp import BSP
 from dssync.strategies.dssync import DSSync
+from dssync.strategies.hierarchical import Hierarchical
 from dssync.strategies.local_sgd import LocalSGD
 
-__all__ = ["BSP", "DSSync", "LocalSGD", "Strategy"]
+__all__ = ["AdaptiveDSSync", "BSP", "DSSync", "Hierarchical", "LocalSGD", "Strategy"]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from dssync.schedules import schedule_from_name
-from dssync.strategies import BSP, DSSync, LocalSGD, Strategy
+from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
 from dssync.train.config import TrainConfig
 
 Builder = Callable[[TrainConfig, nn.Module, torch.optim.Optimizer], Strategy]
@@ -29,6 +29,7 @@ def _local_sgd(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer) 
 
 
 STRATEGIES: dict[str, Builder] = {"dssync": _dssync, "bsp": _bsp, "local-sgd": _local_sgd}
+STRATEGIES |= {"hierarchical": Hierarchical.from_config, "dssync-topo": AdaptiveDSSync.from_config}
 
 
 def build_strategy(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer) -> Strategy:

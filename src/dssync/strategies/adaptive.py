@@ -1,0 +1,167 @@
+"""DS-Sync with topology-aware groups that re-plans when a link slows down or recovers.
+
+Every rank times the transfer part of its group's sync at each step (after a one-element
+exchange that lines the group up, so waiting for a late partner is not counted). Every
+``period`` steps all ranks share a summary of those times in one all_reduce of a fixed-size
+tensor (each rank fills its own row), compute the same new estimate of the topology from it,
+and, if the plan changes, switch to the re-planned :class:`TopologyAware` schedule at the same step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dssync.schedules import group_of
+from dssync.schedules.topology import TopologyAware, plan_topology_aware
+from dssync.strategies.base import SyncTimer
+from dssync.strategies.dssync import DSSync
+from dssync.topology import Topology
+
+SLOW_ON, SLOW_OFF = 3.0, 1.5     # a host's best local sync vs the others': slow above, fast below
+CROSS_ON, CROSS_OFF = 2.0, 1.5   # crossing vs local sync time: slow uplink above, fast below
+NOMINAL_MBIT = 1000.0            # only ratios matter when no rate is known
+MIN_SIGNAL_S = 0.002            # times are compared to at least this (timer noise of tiny syncs)
+STAT_COLUMNS = 5                 # median local, min local, median crossing, n local, n crossing
+
+
+class AdaptiveDSSync(DSSync):
+    """DS-Sync on a :class:`TopologyAware` schedule, re-planned every ``period`` steps from timings.
+
+    Args:
+        module: the model (see :class:`DSSync`).
+        topology: hosts and racks of the ranks, with rates if known (default: ``detect()``).
+        period: steps between adjustments (R); also the longest planned gap between crossings.
+        group_size, seed: passed to the planner.
+        min_signal_s: sync times are compared to at least this, so timer noise of tiny syncs
+            never looks like a slow link.
+        **kwargs: passed to :class:`DSSync` (optimizer, bucket_bytes, timeout_s, ...).
+
+    Example (under torchrun or :func:`dssync.launch.spawn`)::
+
+        from dssync.topology import detect
+        sync = AdaptiveDSSync(model, detect(probe=True), period=8)
+        for batch in loader:
+            ...; optimizer.step(); sync.step()
+        sync.switches      # [(step, schedule description), ...] on every rank alike
+    """
+
+    name = "dssync-topo"
+
+    def __init__(self, module: nn.Module, topology: Topology | None = None, period: int = 8,
+                 group_size: int = 2, seed: int = 0, min_signal_s: float = MIN_SIGNAL_S,
+                 **kwargs) -> None:
+        if period < 1:
+            raise ValueError(f"period={period} must be >= 1 (steps between adjustments); try 8")
+        if topology is None:
+            from dssync.topology import detect
+
+            topology = detect()
+        self.topology = topology
+        self.period = period
+        self.group_size = group_size
+        self.seed = seed
+        self.min_signal_s = min_signal_s
+        super().__init__(module, schedule=self._plan(topology), **kwargs)
+        self.switches: list[tuple[int, str]] = []
+        self._home = {r: d for d, dom in enumerate(topology.domains()) for r in dom}
+        self._local: list[float] = []
+        self._cross: list[float] = []
+        self._ping = torch.zeros(1)
+
+    def _plan(self, topology: Topology) -> TopologyAware:
+        return plan_topology_aware(topology, self.group_size, self.seed, max_every=self.period)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Average with this step's group (timed); every ``period`` steps, adjust the plan."""
+        with SyncTimer(self):
+            partition = self.schedule.partition(self.steps, self.world_size)
+            self.groups.prepare(partition)
+            group = group_of(partition, self.rank)
+            if len(group) > 1:
+                pg = self.groups.get(group)
+                dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
+                t0 = time.perf_counter()
+                self._average(pg, len(group))
+                spent = time.perf_counter() - t0
+                crosses = len({self._home[r] for r in group}) > 1
+                (self._cross if crosses else self._local).append(spent)
+            self.steps += 1
+            if self.steps % self.period == 0:
+                self.adjust()
+
+    after_step = step
+
+    def adjust(self) -> None:
+        """Share timings (one all_reduce), re-estimate the topology, switch plans if it changed."""
+        stats = torch.zeros(self.world_size, STAT_COLUMNS, dtype=torch.float64)
+        stats[self.rank] = torch.tensor(own_stats(self._local, self._cross), dtype=torch.float64)
+        dist.all_reduce(stats)
+        self._local, self._cross = [], []
+        self.topology = adjust_topology(self.topology, stats.numpy(), self.min_signal_s)
+        plan = self._plan(self.topology)
+        if plan.describe() != self.schedule.describe():
+            self.schedule = plan
+            self._prepare_cycle()
+            self.switches.append((self.steps, plan.describe()))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+    @classmethod
+    def from_config(cls, cfg, module: nn.Module, opt: torch.optim.Optimizer) -> AdaptiveDSSync:
+        """Builder for the ``STRATEGIES`` registry (``--sync dssync-topo``)."""
+        return cls(module, group_size=cfg.group_size, seed=cfg.seed,
+                   optimizer=opt if cfg.average_momentum else None,
+                   bucket_bytes=int(cfg.bucket_mb * 2**20), timeout_s=cfg.timeout_s)
+
+
+def own_stats(local: list[float], cross: list[float]) -> list[float]:
+    """This rank's row: median and min local sync, median crossing sync, and the counts."""
+    return [statistics.median(local) if local else 0.0, min(local) if local else 0.0,
+            statistics.median(cross) if cross else 0.0, float(len(local)), float(len(cross))]
+
+
+def adjust_topology(topology: Topology, stats: np.ndarray,
+                    min_signal_s: float = MIN_SIGNAL_S) -> Topology:
+    """The topology re-estimated from all ranks' rows (pure: every rank computes the same).
+
+    A host whose ranks' best local sync is over SLOW_ON times the others' becomes slow (its rate
+    scaled down by that factor); under SLOW_OFF it is fast again. Crossing syncs over CROSS_ON
+    times local ones set the uplink rate by that ratio; under CROSS_OFF the uplink is as fast as a
+    host link. In between, the previous estimate stands (hysteresis). Rows with no samples say
+    nothing.
+    """
+    base = topology.local_mbit() or NOMINAL_MBIT
+    host_mbit = {h: topology.host_mbit.get(h, base) for h in set(topology.hosts)}
+    slow_now = set(topology.slow_ranks)
+    has_local = [r for r in range(topology.world_size) if stats[r, 3] > 0]
+    ref_pool = [stats[r, 1] for r in has_local if r not in slow_now] or [stats[r, 1] for r in has_local]
+    if ref_pool:
+        ref = max(statistics.median(ref_pool), min_signal_s)
+        worst: dict[int, float] = {}
+        for r in has_local:
+            h = topology.hosts[r]
+            worst[h] = max(worst.get(h, 0.0), stats[r, 1] / ref)
+        for h, ratio in worst.items():
+            if ratio > SLOW_ON:
+                host_mbit[h] = base / ratio
+            elif ratio < SLOW_OFF:
+                host_mbit[h] = base
+    uplink = topology.uplink_mbit
+    fast = [r for r in range(topology.world_size) if r not in slow_now]
+    local = [stats[r, 0] for r in fast if stats[r, 3] > 0]
+    cross = [stats[r, 2] for r in fast if stats[r, 4] > 0]
+    if local and cross:
+        rho = statistics.median(cross) / max(statistics.median(local), min_signal_s)
+        if rho > CROSS_ON:
+            uplink = base / rho
+        elif rho < CROSS_OFF:
+            uplink = base
+    return topology.with_rates(host_mbit, uplink)

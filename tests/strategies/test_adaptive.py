@@ -1,0 +1,70 @@
+"""Group adjustment: every rank switches to the same re-planned schedule at the same step."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from dssync.launch import spawn
+from dssync.strategies.adaptive import AdaptiveDSSync, adjust_topology, own_stats
+from dssync.topology import Topology
+
+TOPO = Topology(hosts=(0, 1, 2, 3, 4, 5), racks=(0, 0, 0, 1, 1, 1),
+                host_mbit={h: 1000.0 for h in range(6)},
+                uplink_mbit=1000.0)
+SLOW_FROM, SLOW_UNTIL = 8, 24   # steps during which crossing the racks is slow
+
+
+class SlowCrossing(AdaptiveDSSync):
+    """Crossing groups take 100 ms longer while the 'uplink' is contended."""
+
+    def _average(self, pg, size):
+        group = self.current_group()
+        if SLOW_FROM <= self.steps < SLOW_UNTIL and len({self._home[r] for r in group}) > 1:
+            time.sleep(0.1)
+        super()._average(pg, size)
+
+
+def _run(steps: int):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    sync = SlowCrossing(model, TOPO, period=4, min_signal_s=0.03)
+    for _ in range(steps):
+        time.sleep(0.002)
+        sync.step()
+    return sync.switches
+
+
+def test_all_ranks_switch_at_the_same_step():
+    out = spawn(_run, 6, args=(40,), timeout_s=60)
+    assert all(s == out[0] for s in out), out
+    steps = [step for step, _ in out[0]]
+    plans = [desc for _, desc in out[0]]
+    assert all("slow=()" in p for p in plans), plans
+    assert "cross_every=4" in plans[0] and SLOW_FROM < steps[0] <= SLOW_FROM + 8, out[0]
+    assert "cross_every=1" in plans[-1] and SLOW_UNTIL < steps[-1] <= SLOW_UNTIL + 8, out[0]
+
+
+def _rows(local: float, cross: float, slow_rank: int | None = None, slow_local: float = 0.0):
+    rows = []
+    for r in range(6):
+        loc = slow_local if r == slow_rank else local
+        rows.append(own_stats([loc, loc], [cross] if r in (0, 3) else []))
+    return np.array(rows)
+
+
+def test_adjust_topology_finds_slow_uplink_and_host_and_recovers():
+    slow_up = adjust_topology(TOPO, _rows(0.1, 1.0))
+    assert slow_up.uplink_mbit == 100.0 and slow_up.slow_hosts == ()
+    assert adjust_topology(slow_up, _rows(0.1, 0.17)).uplink_mbit == 100.0  # in the band: keep
+    assert adjust_topology(slow_up, _rows(0.1, 0.11)).uplink_mbit == 1000.0
+    slow_host = adjust_topology(TOPO, _rows(0.1, 0.1, slow_rank=3, slow_local=1.0))
+    assert slow_host.slow_hosts == (3,)
+    assert adjust_topology(slow_host, _rows(0.1, 0.1, slow_rank=3, slow_local=0.1)).slow_hosts == ()
+
+
+def test_no_samples_keep_the_estimate():
+    assert adjust_topology(TOPO, np.zeros((6, 5))) == TOPO

@@ -1,0 +1,45 @@
+"""Hierarchical all-reduce leaves every rank with exactly the global mean gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dssync.launch import spawn
+from dssync.strategies.hierarchical import Hierarchical
+from dssync.topology import Topology
+
+
+def _batch(rank: int) -> torch.Tensor:
+    return torch.randn(5, 6, generator=torch.Generator().manual_seed(rank + 1))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3))
+
+
+def _grads(topology: Topology, bucket_bytes: int) -> list[torch.Tensor]:
+    m = _model()
+    strategy = Hierarchical(m, topology, bucket_bytes=bucket_bytes)
+    m(_batch(dist.get_rank())).pow(2).sum().backward()
+    strategy.after_backward()
+    assert strategy.take_sync_time() > 0
+    return [p.grad.clone() for p in m.parameters()]
+
+
+@pytest.mark.parametrize(("topology", "bucket_bytes"), [
+    (Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 0, 0)), 64),           # 2 hosts, reduce by host
+    (Topology(hosts=(0, 1, 2, 3), racks=(0, 0, 1, 1)), 25 * 2**20),   # 2 racks
+])
+def test_global_mean_gradient(topology, bucket_bytes):
+    out = spawn(_grads, 4, args=(topology, bucket_bytes), timeout_s=60)
+    ref = _model()
+    for r in range(4):
+        ref(_batch(r)).pow(2).sum().backward()
+    expected = [p.grad / 4 for p in ref.parameters()]
+    for grads in out:
+        for g, e in zip(grads, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
