@@ -1,0 +1,25 @@
+"""The same `dssync train` entry point runs unchanged as one rank per process under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dssync.launch import free_port
+
+
+@pytest.mark.timeout(300)
+def test_train_under_torchrun(tmp_path):
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           "-m", "dssync", "train", "--workload", "digits", "--epochs", "1", "--quiet",
+           "--sync", "dssync", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2 and len(data["worker_accuracy"]) == 2
+    assert data["final_accuracy"] > 0.5
