@@ -21,10 +21,12 @@ cli.add_command(train)
 
 def _register_optional() -> None:
     """Commands whose modules may pull heavier imports are registered here."""
+    from dssync.cli.bench_cmd import bench
     from dssync.cli.bench_sync_cmd import bench_sync
     from dssync.cli.cluster_cmd import cluster
     from dssync.cli.compare_cmd import compare_cmd
 
+    cli.add_command(bench)
     cli.add_command(bench_sync)
     cli.add_command(cluster)
     cli.add_command(compare_cmd, "compare")

@@ -1,0 +1,188 @@
+"""``dssync bench``: every method on every scenario of the emulated cluster, same model, same run.
+
+For each scenario a cluster is built once; each method then runs as one worker per rank inside
+the host namespaces (:mod:`dssync.bench.cluster_worker`). The parent snapshots the link byte
+counters around each run, applies a scenario's timed rate changes with :class:`Scenario` (started
+when rank 0 reports its warm-up done, for a run planned at its warm-up pace), and reads back the
+per-rank timings.
+
+Example::
+
+    results = run_bench(["s2-inter-rack"], ["ddp", "dssync-topo"], BenchSettings(params=2_000_000))
+    results["s2-inter-rack"]["dssync-topo"]["iter_time_s"]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dssync.bench.cluster_bounds import lower_bound
+from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_topology
+
+SCENARIOS = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
+RECOVERED = 1.25  # back to within 25% of the pre-contention pace
+
+
+@dataclass
+class BenchSettings:
+    """Settings shared by every run of a benchmark.
+
+    Example::
+
+        BenchSettings(params=4_000_000, steps=30, dynamic_steps=120)
+    """
+
+    params: int = 10_000_000
+    steps: int = 30
+    dynamic_steps: int = 120
+    warmup: int = 3
+    period: int = 8
+    probe: bool = True
+    timeout_s: float = 600.0
+    out_dir: Path = Path("dssync-bench")
+
+
+def run_bench(scenarios: list[str], methods: list[str], settings: BenchSettings,
+              log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Results by scenario, then by method; see :func:`summarize` for the keys."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in scenarios:
+        spec = load_topology(name)
+        with Cluster(spec) as cluster:
+            results[spec.name] = {}
+            for method in methods:
+                log(f"{spec.name}: {method} ...")
+                results[spec.name][method] = run_method(cluster, method, settings)
+        ddp = results[spec.name].get("ddp")
+        for r in results[spec.name].values():
+            r["ratio_to_ddp"] = r["iter_time_s"] / ddp["iter_time_s"] if ddp else None
+    return results
+
+
+def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any]:
+    """One method on a live cluster: launch, apply events, wait, read timings and link bytes."""
+    spec = cluster.spec
+    steps = s.dynamic_steps if spec.events else s.steps
+    work = Path(s.out_dir) / spec.name / method
+    work.mkdir(parents=True, exist_ok=True)
+    for f in work.glob("*.json"):
+        f.unlink()
+    for link, rate in spec.link_rates().items():
+        cluster.set_rate(link, rate)
+    argv = [sys.executable, "-m", "dssync.bench.cluster_worker", "--method", method,
+            "--params", str(s.params), "--steps", str(steps), "--warmup", str(s.warmup),
+            "--period", str(s.period), "--timeout", str(min(s.timeout_s, 300.0)), "--out", str(work)]
+    if s.probe:
+        argv.append("--probe")
+    before = cluster.link_bytes()
+    workers = cluster.launch(argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs")
+    events = _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
+    try:
+        result = workers.wait(s.timeout_s)
+    finally:
+        if events:
+            events.stop()
+        for link, rate in spec.link_rates().items():
+            cluster.set_rate(link, rate)
+    moved = diff(cluster.link_bytes(), before)
+    if not result.ok:
+        raise ClusterError(f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}")
+    ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
+    out = summarize(ranks, s.warmup, s.period)
+    nbytes = 4 * s.params
+    out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.period)
+    out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
+    out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
+    out["steps"] = steps
+    if spec.events and events is not None:
+        contended = {**spec.link_rates()}
+        for e in spec.events[:1]:
+            contended.update({k: e.rate_mbit for k in spec.expand_link(e.link)})
+        out["lower_bound_contended_s"] = lower_bound(spec, method, nbytes, s.period, contended)
+        out.update(recovery(out["timeline"], events.applied, s.warmup, s.period))
+    return out
+
+
+class _EventsWhenWarm:
+    """Starts a Scenario for ``spec.events`` once rank 0 has written its warm-up pace."""
+
+    def __init__(self, cluster: Cluster, progress: Path, steps_left: int) -> None:
+        self.cluster, self.progress, self.steps_left = cluster, progress, steps_left
+        self.scenario: Scenario | None = None
+        self.started_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._wait, daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        while not self._stop.wait(0.05):
+            if self.progress.is_file():
+                try:
+                    pace = json.loads(self.progress.read_text())["pace_s"]
+                except (ValueError, KeyError):
+                    continue
+                self.started_at = time.monotonic()
+                self.scenario = Scenario(self.cluster.set_rate, self.cluster.spec.events,
+                                         duration_s=pace * self.steps_left).start()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self.scenario is not None:
+            self.scenario.stop()
+
+    @property
+    def applied(self) -> list[tuple[float, float]]:
+        """(monotonic time, new rate) of each change applied."""
+        if self.scenario is None:
+            return []
+        return [(self.started_at + t, step.rate_mbit) for t, step in self.scenario.applied]
+
+
+def summarize(ranks: list[dict[str, Any]], warmup: int, period: int) -> dict[str, Any]:
+    """Means per iteration after warm-up, and the per-step timeline (mean over ranks)."""
+    paces, syncs = [], []
+    for r in ranks:
+        rec = r["records"]
+        paces.append((rec[-1][1] - rec[warmup][0]) / (len(rec) - warmup))
+        syncs.append(statistics.fmean(x[2] for x in rec[warmup:]))
+    ends = [statistics.fmean(r["records"][i][1] for r in ranks) for i in range(len(ranks[0]["records"]))]
+    start = statistics.fmean(r["records"][0][0] for r in ranks)
+    timeline = [{"step": i, "end": e, "iter_s": e - (ends[i - 1] if i else start)} for i, e in enumerate(ends)]
+    out = {"iter_time_s": statistics.fmean(paces), "sync_time_s": statistics.fmean(syncs),
+           "slowest_rank_iter_time_s": max(paces), "timeline": timeline,
+           "switches": ranks[0].get("switches", []), "topology": ranks[0].get("topology")}
+    return out
+
+
+def recovery(timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int,
+             period: int) -> dict[str, Any]:
+    """Paces before, during and after contention, and how many steps the pace took to come back."""
+    if len(applied) < 2:
+        return {"recovery_steps": None, "recovery_periods": None}
+    t_on, t_off = applied[0][0], applied[-1][0]
+    step_at = lambda t: next((p["step"] for p in timeline if p["end"] >= t), len(timeline))  # noqa: E731
+    on, off = step_at(t_on), step_at(t_off)
+    iters = [p["iter_s"] for p in timeline]
+    pre = statistics.median(iters[warmup:on]) if on > warmup else None
+    during = statistics.median(iters[on:off]) if off > on else None
+    back = None
+    if pre is not None:
+        for k in range(off, len(iters) - period + 1):
+            if statistics.median(iters[k : k + period]) <= RECOVERED * pre:
+                back = k
+                break
+    steps = None if back is None else back - off
+    return {"contention_steps": [on, off], "pre_contention_iter_s": pre, "contention_iter_s": during,
+            "post_contention_iter_s": statistics.median(iters[back:]) if back is not None else None,
+            "recovery_steps": steps, "recovery_periods": None if steps is None else steps / period}
+

@@ -1,0 +1,92 @@
+"""Lower bounds from link rates: the bytes a method must push over its busiest link / that link's rate.
+
+Each collective is modelled with a bandwidth-optimal algorithm on the cluster's links (a ring
+all-reduce of M bytes over g members sends 2(g-1)/g * M from each member to the next). A byte
+from rank a to rank b loads a's host link upward and b's downward (none on the same host), and
+both rack uplinks when the racks differ. Links are full duplex and each direction has the link's
+rate. Groups that run at the same time share links; phases that depend on each other add up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from dssync.cluster.spec import ClusterSpec
+from dssync.schedules import Schedule, Shuffle
+from dssync.schedules.topology import plan_topology_aware
+from dssync.topology import Topology
+
+Send = tuple[int, int, float]  # (from rank, to rank, bytes)
+
+
+def ring_allreduce(group: list[int], nbytes: float) -> list[Send]:
+    g = len(group)
+    if g < 2:
+        return []
+    return [(group[i], group[(i + 1) % g], 2 * (g - 1) / g * nbytes) for i in range(g)]
+
+
+def link_loads(spec: ClusterSpec, sends: Iterable[Send]) -> dict[tuple[str, str], float]:
+    """Bytes on each (link, direction) for ``sends``."""
+    load: dict[tuple[str, str], float] = defaultdict(float)
+    for a, b, n in sends:
+        ha, hb = spec.host_of_rank(a), spec.host_of_rank(b)
+        if ha == hb:
+            continue
+        load[(f"host:{ha}", "up")] += n
+        load[(f"host:{hb}", "down")] += n
+        ra, rb = spec.rack_of_host(ha), spec.rack_of_host(hb)
+        if ra != rb:
+            load[(f"rack_uplink:{ra}", "up")] += n
+            load[(f"rack_uplink:{rb}", "down")] += n
+    return load
+
+
+def busiest_s(loads: dict[tuple[str, str], float], rates: dict[str, float | None]) -> float:
+    """Seconds the busiest (link, direction) needs at its rate (unshaped links are free)."""
+    times = [n * 8 / (rates[link] * 1e6) for (link, _), n in loads.items() if rates.get(link)]
+    return max(times, default=0.0)
+
+
+def schedule_bound(spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int,
+                   rates: dict[str, float | None]) -> float:
+    """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
+    sends = [s for t in range(steps) for g in schedule.partition(t, spec.world_size)
+             for s in ring_allreduce(g, nbytes)]
+    return busiest_s(link_loads(spec, sends), rates) / steps
+
+
+def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float | None]) -> float:
+    """Reduce in each domain (reduce-scatter + gather), ring all-reduce of leaders, broadcast back."""
+    domains = Topology.from_spec(spec).domains()
+    if len(domains) == 1:
+        return busiest_s(link_loads(spec, ring_allreduce(domains[0], nbytes)), rates)
+    reduce, bcast = [], []
+    for d in domains:
+        g = len(d)
+        reduce += [(d[i], d[(i + 1) % g], (g - 1) / g * nbytes) for i in range(g)] if g > 1 else []
+        reduce += [(r, d[0], nbytes / g) for r in d[1:]]
+        bcast += [(d[0], r, nbytes / g) for r in d[1:]]
+        bcast += [(d[i], d[(i + 1) % g], (g - 1) / g * nbytes) for i in range(g)] if g > 1 else []
+    leaders = ring_allreduce([d[0] for d in domains], nbytes)
+    return sum(busiest_s(link_loads(spec, phase), rates) for phase in (reduce, leaders, bcast))
+
+
+def lower_bound(spec: ClusterSpec, method: str, nbytes: float, period: int = 8,
+                rates: dict[str, float | None] | None = None) -> float:
+    """Seconds per iteration that the link rates allow ``method`` at best (sync only)."""
+    rates = rates or spec.link_rates()
+    if method == "ddp":
+        return busiest_s(link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates)
+    if method == "hierarchical":
+        return hierarchical_bound(spec, nbytes, rates)
+    if method == "dssync":
+        return schedule_bound(spec, Shuffle(2, seed=0, period=period), nbytes, period, rates)
+    if method == "dssync-topo":
+        topo = Topology.from_spec(spec)
+        up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
+        topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
+        schedule = plan_topology_aware(topo, max_every=period)
+        return schedule_bound(spec, schedule, nbytes, schedule.period, rates)
+    raise ValueError(f"unknown method {method!r}")
