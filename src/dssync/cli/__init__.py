@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as e:  # a bad flag or value: one line, no usage block
+        hint = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
