@@ -1,0 +1,117 @@
+"""Topology values, detection from the launcher's environment, the probe plan, and TopologyAware."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from dssync.cluster import load_topology
+from dssync.launch import spawn
+from dssync.schedules import check_partition, spectral_gap
+from dssync.schedules.topology import TopologyAware, every_for, plan_topology_aware
+from dssync.topology import Topology, detect, from_env, probe_pairs
+from dssync.topology.probe import infer_rates
+
+S2 = Topology.from_spec(load_topology("s2-inter-rack"))
+S3 = Topology.from_spec(load_topology("s3-slow-host"))
+
+
+def test_from_spec_and_domains():
+    assert S2.hosts == tuple(range(8)) and S2.racks == (0,) * 4 + (1,) * 4
+    assert S2.uplink_mbit == 200 and S2.domains() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert S3.slow_hosts == (3,) and S3.domains() == [list(range(8))]
+    two_hosts = Topology(hosts=(0, 0, 1, 1), racks=(0,) * 4)
+    assert two_hosts.domains() == [[0, 1], [2, 3]]
+
+
+def test_from_env_blocks_of_local_world_size():
+    assert from_env(6, {"LOCAL_WORLD_SIZE": "3"}).hosts == (0, 0, 0, 1, 1, 1)
+    with pytest.raises(ValueError, match="does not divide"):
+        from_env(5, {"LOCAL_WORLD_SIZE": "2"})
+
+
+def _detect():
+    return detect()
+
+
+def test_detect_one_host_by_name():
+    out = spawn(_detect, 3, timeout_s=60)  # no DSSYNC_HOST: all share this host name
+    assert all(t.hosts == (0, 0, 0) and t.racks == (0, 0, 0) for t in out)
+
+
+def _detect_per_rank():
+    import os
+
+    rank = dist.get_rank()
+    os.environ["DSSYNC_HOST"] = str(10 + rank // 2)
+    os.environ["DSSYNC_RACK"] = str(rank // 2)
+    return detect()
+
+
+def test_detect_from_cluster_env():
+    out = spawn(_detect_per_rank, 4, timeout_s=60)
+    assert all(t == Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1)) for t in out)
+
+
+def test_probe_pairs_are_disjoint_and_cover_everyone():
+    plan = probe_pairs(8, 7)
+    assert len(plan) == 7
+    seen = set()
+    for pairs in plan:
+        ranks = [r for p in pairs for r in p]
+        assert sorted(ranks) == list(range(8))
+        seen |= set(pairs)
+    assert len(seen) == 28  # every pair once
+    assert all(len({r for p in pairs for r in p}) == 2 * len(pairs) for pairs in probe_pairs(5, 9))
+
+
+def test_infer_rates_finds_slow_host_and_slow_uplink():
+    topo = Topology(hosts=tuple(range(8)), racks=(0,) * 4 + (1,) * 4)
+    plan = probe_pairs(8, 7)
+    rates = []
+    for pairs in plan:
+        crossing = sum(topo.racks[a] != topo.racks[b] for a, b in pairs)
+        row = [0.0] * 8
+        for a, b in pairs:
+            v = 200 / crossing if topo.racks[a] != topo.racks[b] else 1000.0
+            if 2 in (a, b):
+                v = min(v, 100.0)
+            row[a] = row[b] = v
+        rates.append(row)
+    est = infer_rates(topo, plan, rates)
+    assert est.slow_hosts == (2,)
+    assert est.uplink_mbit is not None and est.uplink_mbit < 250
+
+
+@pytest.mark.parametrize("topo", [S2, S3, Topology.from_spec(load_topology("s4-dynamic"))])
+def test_topology_aware_covers_ranks_and_mixes(topo):
+    s = plan_topology_aware(topo)
+    for t in range(2 * s.period):
+        check_partition(s.partition(t, 8), 8)
+    assert s.cycle(8) == s.period
+    assert spectral_gap(s, 8, steps=s.period) > 0.01
+    assert s.partition(3, 8) == plan_topology_aware(topo).partition(3 + s.period, 8)
+
+
+def test_crossings_are_rare_and_narrow():
+    s = plan_topology_aware(S2)
+    crossings = [s.crossings(t, 8) for t in range(s.period)]
+    assert s.cross_every == 8
+    assert sum(1 for c in crossings if c) == 1                # once per period
+    assert all(len(c) <= 1 and all(len(g) == 2 for g in c) for c in crossings)  # one pair
+
+
+def test_slow_host_syncs_rarely_in_pairs():
+    s = plan_topology_aware(S3)
+    groups = [next(g for g in s.partition(t, 8) if 3 in g) for t in range(s.period)]
+    assert s.slow == (3,) and s.slow_every == 8
+    assert sum(len(g) > 1 for g in groups) == 1 and max(len(g) for g in groups) == 2
+
+
+def test_every_for_and_describe():
+    assert [every_for(r, 8) for r in (1.0, 1.2, 2.0, 5.0, 50.0)] == [1, 1, 4, 8, 8]
+    a = TopologyAware([[0, 1], [2, 3]], cross_every=2)
+    assert "cross_every=2" in a.describe()
+    assert a.fingerprint(4) != TopologyAware([[0, 1], [2, 3]], cross_every=4).fingerprint(4)
+    with pytest.raises(ValueError, match="planned for 4 ranks"):
+        a.partition(0, 6)
