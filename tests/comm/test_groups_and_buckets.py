@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Shuffle
@@ -85,3 +86,27 @@ def _cache_get_unprepared():
 
 def test_unprepared_group_is_an_error():
     assert "prepare(partition)" in spawn(_cache_get_unprepared, 3, timeout_s=60)[0]
+
+
+def _inside_subgroup():
+    """Ranks 0-2 shuffle pairs among themselves; rank 3 is a process group of its own."""
+    rank = dist.get_rank()
+    parts = [dist.new_group([0, 1, 2]), dist.new_group([3])]
+    mine = parts[0 if rank < 3 else 1]
+    m = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        m.weight.fill_(float(rank))
+    sync = DSSync(m, schedule=Shuffle(2 if rank < 3 else 1, seed=0), process_group=mine, broadcast_init=False)
+    partition = sync.schedule.partition(0, dist.get_world_size(mine))
+    sync.step()
+    return partition, float(m.weight[0, 0]), len(sync.groups)
+
+
+def test_dssync_inside_a_subgroup_averages_only_there():
+    out = spawn(_inside_subgroup, 4, timeout_s=120)
+    partition = out[0][0]
+    for group in partition:  # group ranks 0..2 are global ranks 0..2 here
+        assert all(out[r][1] == sum(group) / len(group) for r in group)
+        for r in group:  # each rank created only the groups it belongs to
+            assert out[r][2] == (1 if len(group) > 1 else 0)
+    assert out[3][1] == 3.0

@@ -19,6 +19,11 @@ class GroupCache:
     more than ``max_groups`` the least recently used is destroyed on every rank, so a schedule
     that never repeats still keeps a bounded number of groups (and sockets).
 
+    When ``process_group`` is a strict subset of the world, ranks outside it cannot join in
+    creating groups, so each rank creates only its own groups (``use_local_synchronization``);
+    such groups cannot be safely re-created, so the cache then never evicts and refuses to grow
+    past ``max_groups`` (use a schedule with a period).
+
     Example::
 
         cache = GroupCache()
@@ -35,6 +40,7 @@ class GroupCache:
         self.rank = dist.get_rank(self.parent)
         self.max_groups = max_groups
         self.timeout = timeout
+        self.local = self.size != dist.get_world_size()
         self._groups: OrderedDict[tuple[int, ...], dist.ProcessGroup | None] = OrderedDict()
         self.created = 0
         self.destroyed = 0
@@ -49,7 +55,7 @@ class GroupCache:
             if key in self._groups:
                 self._groups.move_to_end(key)
         for key in needed:
-            if key not in self._groups:
+            if key not in self._groups and (not self.local or self.rank in key):
                 self._evict(keep=set(needed))
                 self._groups[key] = self._create(key)
 
@@ -71,12 +77,17 @@ class GroupCache:
             self._destroy(self._groups.popitem(last=False)[1])
 
     def _create(self, key: tuple[int, ...]) -> dist.ProcessGroup | None:
-        ranks = [dist.get_global_rank(self.parent, r) for r in key] if self.parent is not dist.group.WORLD else list(key)
-        pg = dist.new_group(ranks, timeout=self.timeout)
+        ranks = [dist.get_global_rank(self.parent, r) for r in key] if self.local else list(key)
+        pg = dist.new_group(ranks, timeout=self.timeout, use_local_synchronization=self.local)
         self.created += 1
         return pg if self.rank in key else None
 
     def _evict(self, keep: set[tuple[int, ...]]) -> None:
+        if self.local and len(self._groups) >= self.max_groups:
+            raise RuntimeError(
+                f"more than max_groups={self.max_groups} distinct groups inside a process group that is "
+                "not the whole world; use a schedule that repeats, e.g. Shuffle(k, period=8), or raise max_groups"
+            )
         while len(self._groups) >= self.max_groups:
             victim = next((k for k in self._groups if k not in keep), None)
             if victim is None:
