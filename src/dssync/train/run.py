@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
 from typing import Any
 
-from dssync.launch import init_from_env, launched_externally, spawn
+from dssync.launch import default_backend, init_from_env, launched_externally, spawn
 from dssync.train.config import TrainConfig
 from dssync.train.loop import train_worker
 
@@ -17,7 +19,7 @@ def run_training(cfg: TrainConfig, workers: int = 4, timeout_s: float | None = N
     if launched_externally():
         import torch.distributed as dist
 
-        init_from_env(timeout_s=cfg.timeout_s)
+        _join_group(cfg.timeout_s)
         try:
             summary = train_worker(cfg)
         finally:
@@ -29,6 +31,30 @@ def run_training(cfg: TrainConfig, workers: int = 4, timeout_s: float | None = N
 
 
 def _env(name: str) -> str:
-    import os
-
     return os.environ[name]
+
+
+def _join_group(timeout_s: float) -> None:
+    """Join torchrun's process group; after an elastic restart, in a store namespace of its own.
+
+    torchrun keeps one store for all restarts of a job, so without the namespace a restarted
+    worker may read a dead peer's address left by the previous attempt and fail to connect.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or "MASTER_ADDR" not in os.environ:
+        init_from_env(timeout_s=timeout_s)
+        return
+    import torch.distributed as dist
+
+    rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(_env("MASTER_ADDR"), int(_env("MASTER_PORT")), world,
+                          is_master=not agent_store and rank == 0, timeout=timedelta(seconds=timeout_s))
+    store = dist.PrefixStore(f"dssync/attempt{attempt}", store)
+    backend = default_backend()
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
