@@ -25,11 +25,13 @@ def _register_optional() -> None:
     from dssync.cli.bench_sync_cmd import bench_sync
     from dssync.cli.cluster_cmd import cluster
     from dssync.cli.compare_cmd import compare_cmd
+    from dssync.cli.straggler_cmd import bench_straggler
 
     cli.add_command(bench)
     cli.add_command(bench_sync)
     cli.add_command(cluster)
     cli.add_command(compare_cmd, "compare")
+    cli.add_command(bench_straggler)
 
 
 _register_optional()
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.UsageError as e:  # a bad flag or value: one line, no usage block
         hint = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
-        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        click.echo(f"error: {e.format_message().rstrip('.')}{hint}", err=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
