@@ -39,6 +39,22 @@ def averaged_copy(module: nn.Module) -> nn.Module:
     return avg
 
 
+def load_data(wl: Workload, cfg: TrainConfig):
+    """The workload's (train, test) sets; a --data-dir in the wrong format is the user's error, named."""
+    try:
+        return wl.datasets()
+    except (ValueError, OSError):
+        raise  # the workloads' own messages already name the file and the fix
+    except Exception as e:  # noqa: BLE001 - unreadable files surface as any unpickling/parsing error
+        if cfg.data_dir is None:
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise ValueError(
+            f"cannot read the {cfg.workload} data in --data-dir {cfg.data_dir} ({type(e).__name__}: {first}); "
+            f"pass a folder in the format `dssync train --workload {cfg.workload}` expects (see --help)"
+        ) from e
+
+
 def model_digest(module: nn.Module) -> str:
     """sha256 of every parameter and buffer, in order: equal digests mean bit-for-bit equal models."""
     h = hashlib.sha256()
@@ -75,7 +91,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     batch = cfg.batch_size or wl.batch_size
     if cfg.lr is not None:
         wl.lr = cfg.lr
-    train_set, test_set = wl.datasets()
+    train_set, test_set = load_data(wl, cfg)
     local = shard(train_set, rank, world, seed=cfg.seed)
     n_steps = steps_per_epoch(len(train_set), world, batch)
 

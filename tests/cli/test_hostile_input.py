@@ -1,0 +1,133 @@
+"""Every way a user can hand `dssync` bad input: exit code 2, one line naming problem and fix,
+no traceback, and nothing already on disk damaged (an existing --json file, existing checkpoints)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dssync.train.checkpoint import write_checkpoint
+
+TRAIN = ["train", "--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
+GOOD_HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync", "workload_options": {},
+               "steps_per_epoch": 44}
+
+
+def dssync(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "dssync", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # workers too, whatever happened
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def topology(tmp: Path, body: str) -> str:
+    path = tmp / "bad.toml"
+    path.write_text(body)
+    return str(path)
+
+
+CLUSTER = '[cluster]\nracks = 2\nhosts_per_rack = 1\nworkers_per_host = 1\n'
+
+# name -> (function of tmp_path giving the CLI arguments, words the one-line message must contain)
+CASES = {
+    "unknown workload": (lambda t: ["train", "--workload", "resnet9000"], ["workload", "resnet9000", "one of"]),
+    "workers not a number": (lambda t: [*TRAIN, "--workers", "four"], ["--workers", "four", "--help"]),
+    "negative epochs": (lambda t: [*TRAIN, "--epochs", "-3"], ["--epochs", "-3"]),
+    "learning rate not a float": (lambda t: [*TRAIN, "--lr", "fast"], ["--lr", "fast"]),
+    "unknown sync": (lambda t: [*TRAIN, "--sync", "telepathy"], ["--sync", "telepathy"]),
+    "group size too large": (lambda t: [*TRAIN, "--group-size", "5"], ["--group-size 5", "use a group size from 1 to 2"]),
+    "slow rank out of range": (lambda t: [*TRAIN, "--slow-rank", "7", "--slow-ms", "5"], ["--slow-rank 7", "use 0 to 1"]),
+    "data dir missing": (lambda t: [*TRAIN, "--data-dir", str(t / "nowhere")], ["does not exist", "pass the folder"]),
+    "data dir in wrong format (cifar)": (lambda t: [*TRAIN, "--workload", "wrn", "--data-dir", _junk_cifar(t)],
+                                         ["cannot read the wrn data", "pass a folder in the format"]),
+    "data dir in wrong format (criteo)": (lambda t: [*TRAIN, "--workload", "deepfm", "--data-dir", _junk_criteo(t)],
+                                          ["train.txt:1", "tab-separated"]),
+    "resume without a folder": (lambda t: [*TRAIN, "--resume"], ["--resume", "--checkpoint-dir"]),
+    "checkpoint dir is a file": (lambda t: [*TRAIN, "--checkpoint-dir", _file(t)], ["--checkpoint-dir", "is a file"]),
+    "checkpoints without --resume": (lambda t: [*TRAIN, "--checkpoint-dir", _ckpt(t, GOOD_HEADER)],
+                                     ["already holds checkpoints", "--resume"]),
+    "checkpoint of another model": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir",
+                                               _ckpt(t, {**GOOD_HEADER, "workload": "mnist"})],
+                                    ["workload 'mnist'", "resume with --workload mnist", "new --checkpoint-dir"]),
+    "checkpoint of another world size": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir",
+                                                    _ckpt(t, {**GOOD_HEADER, "world_size": 4}, ranks=4)],
+                                         ["rank 3", "world size that wrote it"]),
+    "corrupted checkpoint": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir", _ckpt(t, GOOD_HEADER, damage=True)],
+                             ["is damaged", "sha256", "delete it"]),
+    "unknown straggler method": (lambda t: ["bench-straggler", "--methods", "dssync,carrier-pigeon", "--steps", "5"],
+                                 ["carrier-pigeon", "choose from"]),
+    "topology: not TOML": (lambda t: ["cluster", "up", topology(t, "racks = = 2")], ["not valid TOML"]),
+    "topology: missing keys": (lambda t: ["cluster", "up", topology(t, 'name = "x"\n')], ["missing [cluster]"]),
+    "topology: negative rate": (lambda t: ["cluster", "up", topology(t, CLUSTER + "host_rate_mbit = -5\n")],
+                                ["host_rate_mbit", "positive"]),
+    "topology: unknown rack": (lambda t: ["cluster", "up", topology(
+        t, CLUSTER + 'host_rate_mbit = 100\nrack_uplink_mbit = 50\n[[event]]\nlink = "rack_uplink:7"\nrate_mbit = 10\nat_s = 1\n')],
+        ["rack_uplink:7"]),
+    "topology: file missing": (lambda t: ["cluster", "up", str(t / "none.toml")], ["none.toml"]),
+}
+
+
+def _file(t: Path) -> str:
+    (t / "plain-file").write_text("not a folder")
+    return str(t / "plain-file")
+
+
+def _junk_cifar(t: Path) -> str:
+    d = t / "cifar" / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (d / name).write_bytes(b"\x80\x04junk that is no pickle")
+    return str(t / "cifar")
+
+
+def _junk_criteo(t: Path) -> str:
+    (t / "criteo").mkdir()
+    (t / "criteo" / "train.txt").write_text("a b c\n")
+    return str(t / "criteo")
+
+
+def _ckpt(t: Path, header: dict, ranks: int = 2, damage: bool = False) -> str:
+    folder = t / "ckpt"
+    for rank in range(ranks):
+        path = write_checkpoint(folder, rank, 10, header, {"model": {}, "rank": rank})
+        if damage:
+            data = bytearray(path.read_bytes())
+            data[-5] ^= 0xFF
+            path.write_bytes(bytes(data))
+    return str(folder)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    make_args, words = CASES[case]
+    args = make_args(tmp_path)
+    existing = tmp_path / "summary.json"
+    existing.write_text('{"kept": true}\n')
+    if args[0] in ("train", "bench-straggler"):
+        args = [*args, "--json", str(existing)]
+    before = _snapshot(tmp_path)
+    r = dssync(args)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, f"{case}: exit {r.returncode}\n{r.stderr[-2000:]}"
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-2000:]
+    errors = [ln for ln in lines if ln.startswith(("error:", "Error:"))]
+    assert len(errors) == 1 and errors[0] == lines[-1], r.stderr
+    for w in words:
+        assert w in errors[0], f"{case}: {w!r} not in {errors[0]!r}"
+    assert _snapshot(tmp_path) == before, "a file that was already there changed"
