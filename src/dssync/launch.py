@@ -112,7 +112,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: 
                     ) from None
                 continue
             if kind == "error":
-                raise WorkerError(rank, *value)
+                _raise_dead_first(procs, rank, value)
             results[rank] = _unpack(value)
         for p in procs:
             p.join(timeout=10)
@@ -131,6 +131,20 @@ def _pack(value: Any) -> bytes:
 
 def _unpack(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _raise_dead_first(procs: list, reporter: int, report: tuple[str, str, str]) -> None:
+    """Raise for a rank that died (a peer's error is often only the echo of that death)."""
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        dead = [r for r, p in enumerate(procs) if r != reporter and p.exitcode not in (None, 0)]
+        if dead:
+            code = procs[dead[0]].exitcode
+            echo = (report[2].strip().splitlines() or [report[1]])[0]
+            raise WorkerError(dead[0], f"process exited with code {code}; rank {reporter} then reported:\n{report[0]}",
+                              "WorkerDied", f"died (exit code {code}); rank {reporter}: {echo}")
+        time.sleep(0.05)
+    raise WorkerError(reporter, *report)
 
 
 def _check_exits(procs: list, results: dict[int, Any]) -> None:

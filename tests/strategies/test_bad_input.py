@@ -60,7 +60,5 @@ def test_a_dead_worker_stops_the_run_quickly():
     with pytest.raises(WorkerError) as info:
         spawn(_dies, 2, timeout_s=60, collective_timeout_s=5)
     assert time.monotonic() - t0 < 45
-    if info.value.rank == 1:
-        assert "exited with code 17" in info.value.detail
-    else:  # the survivor's collective failed first: it names the lost peer's connection
-        assert any(w in info.value.detail for w in ("Connection", "closed", "Timed out", "timeout"))
+    assert info.value.rank == 1, info.value.detail  # the dead rank, not the survivor that noticed
+    assert "exited with code 17" in info.value.detail

@@ -37,7 +37,7 @@ def worker_failure(e: WorkerError) -> Exception:
 
     import click
 
-    if "Traceback" in e.detail and e.exc_type != "WorkerLostError":
+    if "Traceback" in e.detail and e.exc_type not in ("WorkerLostError", "WorkerDied"):
         print(e.detail.rstrip(), file=sys.stderr)
     first = (e.message.strip().splitlines() or e.detail.strip().splitlines() or ["failed"])[0]
     return click.ClickException(f"worker rank {e.rank} failed: {first}")
