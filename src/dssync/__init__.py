@@ -11,7 +11,15 @@ See :class:`dssync.DSSync` for a runnable example.
 """
 
 from dssync.comm import consensus_distance
-from dssync.schedules import Butterfly, Global, Schedule, Shuffle, Static, mixing_matrix, spectral_gap
+from dssync.schedules import (
+    Butterfly,
+    Global,
+    Schedule,
+    Shuffle,
+    Static,
+    mixing_matrix,
+    spectral_gap,
+)
 from dssync.strategies import BSP, DSSync, Strategy
 
 __version__ = "0.1.0"
