@@ -17,14 +17,16 @@ from dssync.schedules import (
     Schedule,
     Shuffle,
     Static,
+    TopologyAware,
     mixing_matrix,
     spectral_gap,
 )
-from dssync.strategies import BSP, DSSync, Strategy
+from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BSP", "Butterfly", "DSSync", "Global", "Schedule", "Shuffle", "Static", "Strategy",
+    "BSP", "AdaptiveDSSync", "Butterfly", "DSSync", "Global", "Hierarchical", "LocalSGD", "Schedule", "Shuffle",
+    "Static", "Strategy", "TopologyAware",
     "consensus_distance", "mixing_matrix", "spectral_gap",
 ]
