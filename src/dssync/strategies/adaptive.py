@@ -17,9 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.schedules import group_of
 from dssync.schedules.topology import TopologyAware, plan_topology_aware
-from dssync.strategies.base import SyncTimer
 from dssync.strategies.dssync import DSSync
 from dssync.topology import Topology
 
@@ -77,26 +75,19 @@ class AdaptiveDSSync(DSSync):
     def _plan(self, topology: Topology) -> TopologyAware:
         return plan_topology_aware(topology, self.group_size, self.seed, max_every=self.period)
 
-    @torch.no_grad()
-    def step(self) -> None:
-        """Average with this step's group (timed); every ``period`` steps, adjust the plan."""
-        with SyncTimer(self):
-            partition = self.schedule.partition(self.steps, self.world_size)
-            self.groups.prepare(partition)
-            group = group_of(partition, self.rank)
-            if len(group) > 1:
-                pg = self.groups.get(group)
-                dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
-                t0 = time.perf_counter()
-                self._average(pg, len(group))
-                spent = time.perf_counter() - t0
-                crosses = len({self._home[r] for r in group}) > 1
-                (self._cross if crosses else self._local).append(spent)
-            self.steps += 1
-            if self.steps % self.period == 0:
-                self.adjust()
+    def _average_group(self, group: list[int]) -> None:
+        """Average with the group, timing only the transfer; every ``period`` steps, adjust."""
+        pg = self.groups.get(group)
+        dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
+        t0 = time.perf_counter()
+        self._average(pg, len(group))
+        spent = time.perf_counter() - t0
+        crosses = len({self._home[r] for r in group}) > 1
+        (self._cross if crosses else self._local).append(spent)
 
-    after_step = step
+    def _advanced(self) -> None:
+        if self.steps % self.period == 0:
+            self.adjust()
 
     def adjust(self) -> None:
         """Share timings (one all_reduce), re-estimate the topology, switch plans if it changed."""

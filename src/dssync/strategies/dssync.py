@@ -139,10 +139,18 @@ class DSSync(Strategy):
             self.groups.prepare(partition)
             group = group_of(partition, self.rank)
             if len(group) > 1:
-                self._average(self.groups.get(group), len(group))
+                self._average_group(group)
             self.steps += 1
+            self._advanced()
 
     after_step = step
+
+    def _average_group(self, group: list[int]) -> None:
+        """Average with ``group`` (a subclass may time or wrap this)."""
+        self._average(self.groups.get(group), len(group))
+
+    def _advanced(self) -> None:
+        """Called after each step moved to the next partition (a subclass may re-plan here)."""
 
     @torch.no_grad()
     def average_all(self) -> None:
