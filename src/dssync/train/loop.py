@@ -277,4 +277,4 @@ def _progress(cfg: TrainConfig, rank: int, total: int, done: int = 0):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=done, desc=f"{cfg.sync} {cfg.workload}", unit="step", leave=False,
-                dynamic_ncols=True)
+                dynamic_ncols=True, disable=None)  # None: no bar when stderr is not a terminal
