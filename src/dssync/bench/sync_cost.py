@@ -49,13 +49,13 @@ def _timed(fn) -> float:
     return _slowest(time.perf_counter() - t0)
 
 
-def measure(numel: int, group_size: int, steps: int, seed: int = 0) -> dict[str, Any]:
+def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0) -> dict[str, Any]:
     """Run on every rank of an initialized process group; returns medians in seconds."""
     world, rank = dist.get_world_size(), dist.get_rank()
     schedule = Shuffle(group_size, seed=seed, period=8)
     torch.manual_seed(0)
     model = FlatModel(numel)
-    sync = DSSync(model, schedule=schedule)
+    sync = DSSync(model, schedule=schedule, bucket_bytes=int(bucket_mb * 2**20))
 
     raw_groups: dict[tuple[int, ...], Any] = {}
     for s in range(8):  # the same distinct groups, created with plain new_group
@@ -93,7 +93,7 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0) -> dict[str,
                 times[k].append(v)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "world_size": world, "numel": numel, "group_size": group_size, "steps": steps,
+        "world_size": world, "numel": numel, "group_size": group_size, "steps": steps, "bucket_mb": bucket_mb,
         "raw_s": med["raw"], "dssync_s": med["dssync"],
         "ddp_s": max(med["ddp_backward"] - med["local_backward"], 0.0),
         "ddp_backward_s": med["ddp_backward"], "local_backward_s": med["local_backward"],

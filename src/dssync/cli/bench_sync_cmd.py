@@ -17,15 +17,17 @@ from dssync.launch import spawn
               show_default=True, help="World sizes to measure (repeat the option).")
 @click.option("--group-size", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=20, show_default=True, help="Timed steps per method.")
+@click.option("--bucket-mb", type=click.FloatRange(min=0.001), default=25.0, show_default=True,
+              help="DS-Sync bucket size.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-def bench_sync(numel, worker_counts, group_size, steps, json_path) -> None:
+def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, json_path) -> None:
     """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
     rows = []
     for world in worker_counts:
         if group_size > world:
             raise click.BadParameter(f"--group-size {group_size} exceeds --workers {world}")
         console.print(f"measuring {world} workers, {numel:,} parameters ...")
-        rows.append(spawn(measure, world, args=(numel, group_size, steps), timeout_s=1800)[0])
+        rows.append(spawn(measure, world, args=(numel, group_size, steps, 0, bucket_mb), timeout_s=1800)[0])
     table = Table(title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)")
     for col in ["workers", "raw all_reduce (group)", "DS-Sync step (group)", "overhead", "DDP grad all-reduce",
                 "DDP / DS-Sync"]:
