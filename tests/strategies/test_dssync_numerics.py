@@ -28,6 +28,7 @@ def _one_step(schedule, steps: int, bucket_bytes: int):
     with torch.no_grad():
         m[1].running_mean.add_(rank)  # distinct floating buffers per rank
         m[1].num_batches_tracked.fill_(rank)
+    m.register_buffer("scale", torch.full((3,), rank + 0.1, dtype=torch.float64))  # a second dtype
     sync = DSSync(m, schedule=schedule, broadcast_init=False, bucket_bytes=bucket_bytes)
     history = [_state(m)]
     for _ in range(steps):
@@ -57,6 +58,9 @@ def test_step_equals_group_mean(world, schedule, bucket_bytes):
                 if value.is_floating_point():
                     expected = torch.stack(before).mean(0)
                     torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-6)
+                    assert value.dtype == before[0].dtype
+                    # every member holds the very same bits, whichever side of the exchange it was
+                    assert torch.equal(value, out[group[0]][0][2 * s + 2][key])
                 else:  # integer buffers are left alone
                     assert torch.equal(value, out[rank][0][2 * s + 1][key])
     if bucket_bytes < 100:

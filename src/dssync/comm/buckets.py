@@ -2,6 +2,12 @@
 
 ``FlatBuckets`` rebinds each tensor's storage to a view of its bucket, so averaging a bucket
 averages the tensors in place with no copy in or out.
+
+A pair of CPU ranks averages by exchange instead of all_reduce: each sends its bucket and receives
+its peer's, then one fused pass ``lerp(low, high, 0.5)`` writes the mean, where ``low`` is the bucket
+of the lower rank on both sides. That replaces the all_reduce's reduction pass plus a separate
+division pass by a single pass; the product ``diff * 0.5`` is exact, so both ranks compute the same
+bits. It costs one receive buffer of the largest bucket's size.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class FlatBuckets:
                 offset += n
             self.buffers.append(flat)
         self._ptrs = [t.data_ptr() for t in self.tensors]
+        self._inbox: torch.Tensor | None = None
 
     @property
     def numel(self) -> int:
@@ -61,6 +68,30 @@ class FlatBuckets:
         for b, w in zip(self.buffers, works, strict=True):
             w.wait()
             b.div_(group_size)
+
+    def can_exchange(self) -> bool:
+        """True when :meth:`average_pair` applies: every bucket lives in CPU memory."""
+        return all(b.device.type == "cpu" for b in self.buffers)
+
+    def average_pair(self, peer: int, group: dist.ProcessGroup | None, low: bool) -> None:
+        """Average with one peer (a global rank in ``group``) by exchanging buckets.
+
+        ``low`` is True on the lower-ranked member; both members must call this.
+        """
+        for i, b in enumerate(self.buffers):
+            inbox = self._inbox_for(b)
+            ops = [dist.P2POp(dist.isend, b, peer, group, tag=i), dist.P2POp(dist.irecv, inbox, peer, group, tag=i)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            if low:
+                torch.lerp(b, inbox, 0.5, out=b)
+            else:
+                torch.lerp(inbox, b, 0.5, out=b)
+
+    def _inbox_for(self, b: torch.Tensor) -> torch.Tensor:
+        if self._inbox is None or self._inbox.dtype != b.dtype:
+            self._inbox = torch.empty(max(x.numel() for x in self.buffers if x.dtype == b.dtype), dtype=b.dtype)
+        return self._inbox[: b.numel()]
 
     def broadcast(self, src: int, group: dist.ProcessGroup | None = None) -> None:
         """Overwrite every bucket with rank ``src``'s (a global rank)."""
