@@ -5,7 +5,9 @@ For a flat model of M parameters, every rank times, interleaved step by step:
   dssync  ``DSSync.step()`` over the same groups (buckets, group lookup, averaging);
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
-A step's time is the slowest rank's; the figure is the median over steps.
+A step's time is the slowest rank's. Raw and DS-Sync run back to back in alternating order, and
+the overhead is the median over steps of their per-step ratio, so a slow moment of a shared machine
+hits both sides of a ratio instead of one median (the ratio of the two medians is reported too).
 """
 
 from __future__ import annotations
@@ -79,23 +81,29 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
         with ddp.no_sync():
             ddp(x).backward()
 
+    def dssync_step(s: int) -> None:
+        sync.steps = s
+        sync.step()
+
     times: dict[str, list[float]] = {"raw": [], "dssync": [], "ddp_backward": [], "local_backward": []}
     for s in range(-2, steps):  # two warm-up steps
-        sync.steps = s % 8
-        row = {
-            "raw": _timed(lambda s=s: raw_step(s % 8)),
-            "dssync": _timed(sync.step),
-            "ddp_backward": _timed(ddp_backward),
-            "local_backward": _timed(local_backward),
-        }
+        row = {}
+        pair = [("raw", raw_step), ("dssync", dssync_step)]
+        for name, fn in pair if s % 2 == 0 else pair[::-1]:
+            row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
+        row["ddp_backward"] = _timed(ddp_backward)
+        row["local_backward"] = _timed(local_backward)
         if s >= 0:
             for k, v in row.items():
                 times[k].append(v)
     med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {
         "world_size": world, "numel": numel, "group_size": group_size, "steps": steps, "bucket_mb": bucket_mb,
         "raw_s": med["raw"], "dssync_s": med["dssync"],
         "ddp_s": max(med["ddp_backward"] - med["local_backward"], 0.0),
         "ddp_backward_s": med["ddp_backward"], "local_backward_s": med["local_backward"],
-        "overhead": med["dssync"] / med["raw"],
+        "overhead": statistics.median(ratios), "overhead_q1": quartiles[0], "overhead_q3": quartiles[2],
+        "overhead_of_medians": med["dssync"] / med["raw"],
     }

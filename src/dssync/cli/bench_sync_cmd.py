@@ -16,7 +16,7 @@ from dssync.launch import spawn
 @click.option("--workers", "worker_counts", type=click.IntRange(2, 64), multiple=True, default=(4, 8),
               show_default=True, help="World sizes to measure (repeat the option).")
 @click.option("--group-size", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--steps", type=click.IntRange(1), default=20, show_default=True, help="Timed steps per method.")
+@click.option("--steps", type=click.IntRange(1), default=40, show_default=True, help="Timed steps per method.")
 @click.option("--bucket-mb", type=click.FloatRange(min=0.001), default=25.0, show_default=True,
               help="DS-Sync bucket size.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
@@ -29,12 +29,14 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, json_path) ->
         console.print(f"measuring {world} workers, {numel:,} parameters ...")
         rows.append(spawn(measure, world, args=(numel, group_size, steps, 0, bucket_mb), timeout_s=1800)[0])
     table = Table(title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)")
-    for col in ["workers", "raw all_reduce (group)", "DS-Sync step (group)", "overhead", "DDP grad all-reduce",
-                "DDP / DS-Sync"]:
+    for col in ["workers", "raw all_reduce (group)", "DS-Sync step (group)", "overhead", "overhead IQR",
+                "DDP grad all-reduce", "DDP / DS-Sync"]:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["world_size"]), fmt_ms(r["raw_s"]), fmt_ms(r["dssync_s"]), f"{r['overhead']:.3f}x",
-                      fmt_ms(r["ddp_s"]), f"{r['ddp_s'] / r['dssync_s']:.2f}x")
+                      f"{r['overhead_q1']:.2f}-{r['overhead_q3']:.2f}x", fmt_ms(r["ddp_s"]),
+                      f"{r['ddp_s'] / r['dssync_s']:.2f}x")
     console.print(table)
+    console.print("overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back")
     if json_path:
         write_json(json_path, rows)
