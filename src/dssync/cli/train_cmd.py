@@ -11,6 +11,7 @@ from dssync.schedules import SCHEDULE_NAMES
 from dssync.train import TrainConfig, run_training
 from dssync.train.config import validate
 from dssync.train.factory import STRATEGIES
+from dssync.train.lr import LR_SCHEDULES
 from dssync.workloads import WORKLOADS
 
 
@@ -31,6 +32,8 @@ def training_options(f):
         click.option("--batch-size", type=click.IntRange(1), default=None, help="Per-worker batch (workload default)."),
         click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Learning rate (workload default)."),
+        click.option("--lr-schedule", type=click.Choice(LR_SCHEDULES), default=None,
+                     help="Learning-rate schedule over the run (workload default: cosine for wrn, else constant)."),
         click.option("--data-dir", type=click.Path(), default=None, help="Local data folder for the workload."),
         click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=120.0, show_default=True,
                      help="Seconds any collective may wait before the run fails."),
@@ -64,7 +67,7 @@ def training_options(f):
 @click.option("--crash-rank", type=click.IntRange(0), default=None, hidden=True,
               help="Test only: this rank exits abruptly after --crash-at-step steps (once).")
 @click.option("--crash-at-step", type=click.IntRange(1), default=None, hidden=True)
-def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, data_dir, timeout_s,
+def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir, timeout_s,
           max_steps, swa_start, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path,
           checkpoint_dir, checkpoint_every, resume, crash_rank, crash_at_step) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
@@ -73,7 +76,8 @@ def train(workload, workers, group_size, schedule, period, epochs, batch_size, l
     (`torchrun --nproc-per-node N -m dssync train ...`) this process is one rank instead.
     """
     cfg = TrainConfig(workload=workload, sync=sync, schedule=schedule, group_size=group_size, period=period,
-                      epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, data_dir=data_dir,
+                      epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
+                      data_dir=data_dir,
                       timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
                       slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start,
                       progress=not quiet, checkpoint_dir=checkpoint_dir,

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def write_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
-    """Every step of every run: method, seed, step, epoch, time_s, loss, iter_s, sync_s."""
-    fields = ["method", "seed", "step", "epoch", "time_s", "loss", "iter_s", "sync_s"]
+    """Every step of every run: method, seed, step, epoch, time_s, loss, iter_s, sync_s, lr."""
+    fields = ["method", "seed", "step", "epoch", "time_s", "loss", "iter_s", "sync_s", "lr"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()

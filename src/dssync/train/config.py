@@ -24,6 +24,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int | None = None
     lr: float | None = None
+    lr_schedule: str | None = None
     data_dir: str | None = None
     workload_options: dict[str, Any] = field(default_factory=dict)
     local_sgd_period: int = 4

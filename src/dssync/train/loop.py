@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from dssync.comm import average_tensors, consensus_distance
 from dssync.train.config import TrainConfig
 from dssync.train.factory import build_strategy
+from dssync.train.lr import LRSchedule
 from dssync.train.resume import run_header
 from dssync.train.state import Checkpointer, RunState
 from dssync.train.swa import WeightAverage, recompute_batch_norm
@@ -102,6 +103,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed * 1000 + rank)
 
     total = n_steps * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, n_steps * cfg.epochs)
+    schedule = LRSchedule(optimizer, cfg.lr_schedule or wl.lr_schedule, total)
     run = RunState()
     swa_from = None if cfg.swa_start is None else int(cfg.swa_start * total)
     saver = None
@@ -119,6 +121,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
             batches = iter(DataLoader(local, batch_sampler=epoch_batches(len(local), batch, n_steps, i,
                                                                          cfg.seed * 7919 + epoch * 31 + rank)))
         b = next(batches)
+        schedule.apply(run.step)
         t0 = time.perf_counter()
         try:
             loss = _train_step(wl, strategy, optimizer, b)
@@ -137,7 +140,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
             run.swa = run.swa or WeightAverage(strategy.module)
             run.swa.update(strategy.module)
         run.log.append({"step": step, "epoch": epoch, "time_s": run.train_s, "loss": loss.item(),
-                        "iter_s": dt, "sync_s": s})
+                        "iter_s": dt, "sync_s": s, "lr": optimizer.param_groups[0]["lr"]})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")

@@ -37,6 +37,7 @@ class Workload(ABC):
     higher_is_better: bool = True
     batch_size: int = 32
     lr: float = 0.05
+    lr_schedule: str = "constant"  # see dssync.train.lr
 
     def __init__(self, data_dir: str | None = None, **options: Any) -> None:
         self.data_dir = data_dir

@@ -105,6 +105,7 @@ class WRN(Workload):
     metric_name = "accuracy"
     batch_size = 64
     lr = 0.05
+    lr_schedule = "cosine"
 
     def __init__(self, data_dir: str | None = None, **options) -> None:
         super().__init__(data_dir, **options)

@@ -1,0 +1,46 @@
+"""Learning-rate schedules: pure factors of the step, applied to every parameter group."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dssync.train import TrainConfig, run_training
+from dssync.train.lr import LRSchedule, lr_factor
+
+
+def test_cosine_decays_from_one_to_zero():
+    total = 100
+    factors = [lr_factor("cosine", s, total) for s in range(total + 1)]
+    assert factors[0] == 1.0
+    assert factors[50] == pytest.approx(0.5)
+    assert factors[-1] == pytest.approx(0.0, abs=1e-12)
+    assert all(a > b for a, b in zip(factors, factors[1:]))  # strictly decreasing
+    assert lr_factor("cosine", 10 * total, total) == pytest.approx(0.0, abs=1e-12)  # no rise after the end
+    assert {lr_factor("constant", s, total) for s in range(total)} == {1.0}
+
+
+def test_unknown_schedule_names_the_choices():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; choose from constant, cosine"):
+        LRSchedule(opt, "linear", 10)
+
+
+def test_every_group_keeps_its_own_base_rate():
+    a, b = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [a], "lr": 0.1}, {"params": [b], "lr": 0.02}])
+    sched = LRSchedule(opt, "cosine", total=4)
+    sched.apply(2)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.05, 0.01])
+    sched.apply(0)  # a resumed run going back to an earlier step gets that step's rate
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.1, 0.02])
+
+
+def test_training_follows_the_schedule():
+    cfg = TrainConfig(workload="digits", sync="dssync", epochs=1, max_steps=6, lr=0.2, lr_schedule="cosine",
+                      progress=False, timeout_s=60)
+    summary = run_training(cfg, workers=2)
+    rates = [row["lr"] for row in summary["log"]]
+    assert rates == pytest.approx([0.2 * 0.5 * (1 + math.cos(math.pi * s / 6)) for s in range(6)])
