@@ -7,7 +7,8 @@ A pair of CPU ranks averages by exchange instead of all_reduce: each sends its b
 its peer's, then one fused pass ``lerp(low, high, 0.5)`` writes the mean, where ``low`` is the bucket
 of the lower rank on both sides. That replaces the all_reduce's reduction pass plus a separate
 division pass by a single pass; the product ``diff * 0.5`` is exact, so both ranks compute the same
-bits. It costs one receive buffer of the largest bucket's size.
+bits. The next bucket's transfer runs while one is averaged, so it costs two receive buffers of the
+largest bucket's size (one when the model fits in one bucket).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class FlatBuckets:
                 offset += n
             self.buffers.append(flat)
         self._ptrs = [t.data_ptr() for t in self.tensors]
-        self._inbox: torch.Tensor | None = None
+        self._inboxes: dict[torch.dtype, torch.Tensor] = {}
 
     @property
     def numel(self) -> int:
@@ -78,20 +79,31 @@ class FlatBuckets:
 
         ``low`` is True on the lower-ranked member; both members must call this.
         """
+        def post(i: int) -> list[dist.Work]:
+            b, inbox = self.buffers[i], self._inbox_for(i)
+            return dist.batch_isend_irecv([dist.P2POp(dist.isend, b, peer, group, tag=i),
+                                           dist.P2POp(dist.irecv, inbox, peer, group, tag=i)])
+
+        pending = post(0)
         for i, b in enumerate(self.buffers):
-            inbox = self._inbox_for(b)
-            ops = [dist.P2POp(dist.isend, b, peer, group, tag=i), dist.P2POp(dist.irecv, inbox, peer, group, tag=i)]
-            for w in dist.batch_isend_irecv(ops):
+            for w in pending:
                 w.wait()
+            inbox = self._inbox_for(i)
+            if i + 1 < len(self.buffers):  # the next transfer runs while this bucket is averaged
+                pending = post(i + 1)
             if low:
                 torch.lerp(b, inbox, 0.5, out=b)
             else:
                 torch.lerp(inbox, b, 0.5, out=b)
 
-    def _inbox_for(self, b: torch.Tensor) -> torch.Tensor:
-        if self._inbox is None or self._inbox.dtype != b.dtype:
-            self._inbox = torch.empty(max(x.numel() for x in self.buffers if x.dtype == b.dtype), dtype=b.dtype)
-        return self._inbox[: b.numel()]
+    def _inbox_for(self, i: int) -> torch.Tensor:
+        """Receive buffer of bucket ``i``: per dtype, two alternating rows as long as the largest bucket."""
+        b = self.buffers[i]
+        if b.dtype not in self._inboxes:
+            kin = [x.numel() for x in self.buffers if x.dtype == b.dtype]
+            self._inboxes[b.dtype] = torch.empty(min(2, len(kin)), max(kin), dtype=b.dtype)
+        rows = self._inboxes[b.dtype]
+        return rows[i % len(rows), : b.numel()]
 
     def broadcast(self, src: int, group: dist.ProcessGroup | None = None) -> None:
         """Overwrite every bucket with rank ``src``'s (a global rank)."""
