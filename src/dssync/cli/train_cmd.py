@@ -40,6 +40,9 @@ def training_options(f):
         click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps."),
         click.option("--swa-start", type=click.FloatRange(0, 1, max_open=True), default=None,
                      help="Keep a running weight average from this fraction of the run; report the SWA ensemble."),
+        click.option("--swa-lr", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Hold the learning rate at this value while the weights are averaged (default: keep "
+                          "following --lr-schedule)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     for opt in reversed(opts):
@@ -68,7 +71,7 @@ def training_options(f):
               help="Test only: this rank exits abruptly after --crash-at-step steps (once).")
 @click.option("--crash-at-step", type=click.IntRange(1), default=None, hidden=True)
 def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir, timeout_s,
-          max_steps, swa_start, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path,
+          max_steps, swa_start, swa_lr, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path,
           checkpoint_dir, checkpoint_every, resume, crash_rank, crash_at_step) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
 
@@ -79,7 +82,7 @@ def train(workload, workers, group_size, schedule, period, epochs, batch_size, l
                       epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
                       data_dir=data_dir,
                       timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
-                      slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start,
+                      slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start, swa_lr=swa_lr,
                       progress=not quiet, checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every or 0, resume=resume, crash_rank=crash_rank,
                       crash_at_step=crash_at_step)

@@ -36,6 +36,7 @@ class TrainConfig:
     slow_rank: int | None = None
     slow_ms: float = 0.0
     swa_start: float | None = None
+    swa_lr: float | None = None
     progress: bool = True
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -63,6 +64,8 @@ def validate(cfg: TrainConfig, workers: int) -> None:
         raise FileNotFoundError(f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data")
     if cfg.crash_rank is not None and cfg.crash_rank >= world:
         raise ValueError(f"--crash-rank {cfg.crash_rank} does not exist with {world} workers; use 0 to {world - 1}")
+    if cfg.swa_lr is not None and cfg.swa_start is None:
+        raise ValueError("--swa-lr holds the rate during weight averaging; add --swa-start FRACTION")
     _validate_checkpointing(cfg, world)
 
 

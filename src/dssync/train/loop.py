@@ -103,9 +103,10 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed * 1000 + rank)
 
     total = n_steps * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, n_steps * cfg.epochs)
-    schedule = LRSchedule(optimizer, cfg.lr_schedule or wl.lr_schedule, total)
     run = RunState()
     swa_from = None if cfg.swa_start is None else int(cfg.swa_start * total)
+    schedule = LRSchedule(optimizer, cfg.lr_schedule or wl.lr_schedule, total,
+                          hold_from=swa_from if cfg.swa_lr is not None else None, hold_lr=cfg.swa_lr)
     saver = None
     if cfg.checkpoint_dir is not None:
         header = {**run_header(cfg, world, strategy.module), "steps_per_epoch": n_steps}

@@ -31,16 +31,23 @@ class LRSchedule:
 
         sched = LRSchedule(optimizer, "cosine", total=1000)
         sched.apply(step)   # before optimizer.step()
+
+    With ``hold_from`` and ``hold_lr`` every group's rate is ``hold_lr`` from step ``hold_from`` on
+    (the constant rate of stochastic weight averaging's phase).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, total: int) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, total: int,
+                 hold_from: int | None = None, hold_lr: float | None = None) -> None:
         lr_factor(kind, 0, total)  # reject an unknown kind now
+        if (hold_from is None) != (hold_lr is None):
+            raise ValueError("hold_from and hold_lr go together; give both or neither")
         self.optimizer, self.kind, self.total = optimizer, kind, total
+        self.hold_from, self.hold_lr = hold_from, hold_lr
         self.base = [g["lr"] for g in optimizer.param_groups]
 
-    def apply(self, step: int) -> float:
-        """Set the rates for ``step``; returns the factor."""
+    def apply(self, step: int) -> None:
+        """Set the rates for ``step``."""
+        held = self.hold_from is not None and step >= self.hold_from
         f = lr_factor(self.kind, step, self.total)
         for g, base in zip(self.optimizer.param_groups, self.base, strict=True):
-            g["lr"] = base * f
-        return f
+            g["lr"] = self.hold_lr if held else base * f
