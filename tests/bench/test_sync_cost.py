@@ -1,0 +1,33 @@
+"""bench-sync's measurement on a tiny model: every figure present, positive and consistent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dssync.bench.sync_cost import measure
+from dssync.launch import spawn
+
+
+def test_measure_reports_paired_overhead():
+    out = spawn(measure, 4, args=(20_000, 2, 5, 0, 0.02), timeout_s=120)
+    r = out[0]
+    assert r == out[1]  # every rank reports the same slowest-rank figures
+    assert r["world_size"] == 4 and r["steps"] == 5 and r["bucket_mb"] == 0.02
+    for key in ("raw_s", "dssync_s", "ddp_backward_s", "local_backward_s"):
+        assert r[key] > 0, key
+    assert r["overhead_q1"] <= r["overhead"] <= r["overhead_q3"]
+    assert r["overhead_of_medians"] == pytest.approx(r["dssync_s"] / r["raw_s"])
+
+
+def test_cli_prints_and_writes_json(tmp_path):
+    path = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, "-m", "dssync", "bench-sync", "--params", "20000", "--workers", "2",
+                        "--steps", "3", "--json", str(path)], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "overhead" in r.stdout and "DDP" in r.stdout
+    rows = json.loads(path.read_text())
+    assert [row["world_size"] for row in rows] == [2] and rows[0]["overhead"] > 0
