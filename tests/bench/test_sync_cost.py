@@ -21,6 +21,7 @@ def test_measure_reports_paired_overhead():
         assert r[key] > 0, key
     assert r["overhead_q1"] <= r["overhead"] <= r["overhead_q3"]
     assert r["overhead_of_medians"] == pytest.approx(r["dssync_s"] / r["raw_s"])
+    assert r["raw_avg_s"] > 0 and r["overhead_vs_raw_avg"] > 0
 
 
 def test_cli_prints_and_writes_json(tmp_path):

@@ -2,6 +2,8 @@
 
 For a flat model of M parameters, every rank times, interleaved step by step:
   raw     one ``dist.all_reduce`` of a flat M-element tensor over this step's DS-Sync group;
+  raw_avg the same all_reduce followed by the division by the group size: the least an average
+          costs, so ``dssync / raw_avg`` is what the machinery (buckets, groups) adds;
   dssync  ``DSSync.step()`` over the same groups (buckets, group lookup, averaging);
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
@@ -74,6 +76,11 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
         g = group_of(schedule.partition(s, world), rank)
         dist.all_reduce(flat, group=raw_groups[tuple(g)])
 
+    def raw_average(s: int) -> None:
+        g = group_of(schedule.partition(s, world), rank)
+        dist.all_reduce(flat, group=raw_groups[tuple(g)])
+        flat.div_(len(g))
+
     def ddp_backward() -> None:
         ddp(x).backward()
 
@@ -85,11 +92,12 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
         sync.steps = s
         sync.step()
 
-    times: dict[str, list[float]] = {"raw": [], "dssync": [], "ddp_backward": [], "local_backward": []}
+    times: dict[str, list[float]] = {"raw": [], "raw_avg": [], "dssync": [], "ddp_backward": [],
+                                     "local_backward": []}
     for s in range(-2, steps):  # two warm-up steps
         row = {}
-        pair = [("raw", raw_step), ("dssync", dssync_step)]
-        for name, fn in pair if s % 2 == 0 else pair[::-1]:
+        trio = [("raw", raw_step), ("raw_avg", raw_average), ("dssync", dssync_step)]
+        for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
         row["ddp_backward"] = _timed(ddp_backward)
         row["local_backward"] = _timed(local_backward)
@@ -99,11 +107,12 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    vs_avg = statistics.median(d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True))
     return {
         "world_size": world, "numel": numel, "group_size": group_size, "steps": steps, "bucket_mb": bucket_mb,
-        "raw_s": med["raw"], "dssync_s": med["dssync"],
+        "raw_s": med["raw"], "raw_avg_s": med["raw_avg"], "dssync_s": med["dssync"],
         "ddp_s": max(med["ddp_backward"] - med["local_backward"], 0.0),
         "ddp_backward_s": med["ddp_backward"], "local_backward_s": med["local_backward"],
         "overhead": statistics.median(ratios), "overhead_q1": quartiles[0], "overhead_q3": quartiles[2],
-        "overhead_of_medians": med["dssync"] / med["raw"],
+        "overhead_of_medians": med["dssync"] / med["raw"], "overhead_vs_raw_avg": vs_avg,
     }

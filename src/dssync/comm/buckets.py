@@ -2,13 +2,6 @@
 
 ``FlatBuckets`` rebinds each tensor's storage to a view of its bucket, so averaging a bucket
 averages the tensors in place with no copy in or out.
-
-A pair of CPU ranks averages by exchange instead of all_reduce: each sends its bucket and receives
-its peer's, then one fused pass ``lerp(low, high, 0.5)`` writes the mean, where ``low`` is the bucket
-of the lower rank on both sides. That replaces the all_reduce's reduction pass plus a separate
-division pass by a single pass; the product ``diff * 0.5`` is exact, so both ranks compute the same
-bits. The next bucket's transfer runs while one is averaged, so it costs two receive buffers of the
-largest bucket's size (one when the model fits in one bucket).
 """
 
 from __future__ import annotations
@@ -49,7 +42,6 @@ class FlatBuckets:
                 offset += n
             self.buffers.append(flat)
         self._ptrs = [t.data_ptr() for t in self.tensors]
-        self._inboxes: dict[torch.dtype, torch.Tensor] = {}
 
     @property
     def numel(self) -> int:
@@ -69,41 +61,6 @@ class FlatBuckets:
         for b, w in zip(self.buffers, works, strict=True):
             w.wait()
             b.div_(group_size)
-
-    def can_exchange(self) -> bool:
-        """True when :meth:`average_pair` applies: every bucket lives in CPU memory."""
-        return all(b.device.type == "cpu" for b in self.buffers)
-
-    def average_pair(self, peer: int, group: dist.ProcessGroup | None, low: bool) -> None:
-        """Average with one peer (a global rank in ``group``) by exchanging buckets.
-
-        ``low`` is True on the lower-ranked member; both members must call this.
-        """
-        def post(i: int) -> list[dist.Work]:
-            b, inbox = self.buffers[i], self._inbox_for(i)
-            return dist.batch_isend_irecv([dist.P2POp(dist.isend, b, peer, group, tag=i),
-                                           dist.P2POp(dist.irecv, inbox, peer, group, tag=i)])
-
-        pending = post(0)
-        for i, b in enumerate(self.buffers):
-            for w in pending:
-                w.wait()
-            inbox = self._inbox_for(i)
-            if i + 1 < len(self.buffers):  # the next transfer runs while this bucket is averaged
-                pending = post(i + 1)
-            if low:
-                torch.lerp(b, inbox, 0.5, out=b)
-            else:
-                torch.lerp(inbox, b, 0.5, out=b)
-
-    def _inbox_for(self, i: int) -> torch.Tensor:
-        """Receive buffer of bucket ``i``: per dtype, two alternating rows as long as the largest bucket."""
-        b = self.buffers[i]
-        if b.dtype not in self._inboxes:
-            kin = [x.numel() for x in self.buffers if x.dtype == b.dtype]
-            self._inboxes[b.dtype] = torch.empty(min(2, len(kin)), max(kin), dtype=b.dtype)
-        rows = self._inboxes[b.dtype]
-        return rows[i % len(rows), : b.numel()]
 
     def broadcast(self, src: int, group: dist.ProcessGroup | None = None) -> None:
         """Overwrite every bucket with rank ``src``'s (a global rank)."""

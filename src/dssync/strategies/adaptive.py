@@ -80,7 +80,7 @@ class AdaptiveDSSync(DSSync):
         pg = self.groups.get(group)
         dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
         t0 = time.perf_counter()
-        self._average(pg, group)
+        self._average(pg, len(group))
         spent = time.perf_counter() - t0
         crosses = len({self._home[r] for r in group}) > 1
         (self._cross if crosses else self._local).append(spent)

@@ -147,7 +147,7 @@ class DSSync(Strategy):
 
     def _average_group(self, group: list[int]) -> None:
         """Average with ``group`` (a subclass may time or wrap this)."""
-        self._average(self.groups.get(group), group)
+        self._average(self.groups.get(group), len(group))
 
     def _advanced(self) -> None:
         """Called after each step moved to the next partition (a subclass may re-plan here)."""
@@ -157,10 +157,9 @@ class DSSync(Strategy):
         """One global average over all ranks (e.g. for the final model)."""
         with SyncTimer(self):
             if self.world_size > 1:
-                self._average(self.process_group, list(range(self.world_size)))
+                self._average(self.process_group, self.world_size)
 
-    def _average(self, pg: dist.ProcessGroup | None, group: list[int]) -> None:
-        """Average with ``group`` (ranks of ``self.process_group``) whose process group is ``pg``."""
+    def _average(self, pg: dist.ProcessGroup | None, size: int) -> None:
         if not self._buckets.intact():
             warnings.warn(
                 "the module's tensors were replaced since DSSync wrapped it (e.g. by .to()); "
@@ -168,12 +167,7 @@ class DSSync(Strategy):
                 stacklevel=3,
             )
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
-        size = len(group)
-        if size == 2 and self._buckets.can_exchange():
-            peer = group[0] if group[1] == self.rank else group[1]
-            self._buckets.average_pair(self._global_rank(peer), pg, low=self.rank < peer)
-        else:
-            self._buckets.average(pg, size)
+        self._buckets.average(pg, size)
         self.bytes_sent += self._buckets.nbytes
         if self.optimizer is not None:
             state = [t for s in self.optimizer.state.values() for t in s.values()
