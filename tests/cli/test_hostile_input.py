@@ -46,6 +46,8 @@ CASES = {
     "negative epochs": (lambda t: [*TRAIN, "--epochs", "-3"], ["--epochs", "-3"]),
     "learning rate not a float": (lambda t: [*TRAIN, "--lr", "fast"], ["--lr", "fast"]),
     "unknown sync": (lambda t: [*TRAIN, "--sync", "telepathy"], ["--sync", "telepathy"]),
+    "unknown rate schedule": (lambda t: [*TRAIN, "--lr-schedule", "linear"], ["--lr-schedule", "linear", "cosine"]),
+    "swa rate without swa": (lambda t: [*TRAIN, "--swa-lr", "0.01"], ["--swa-lr", "add --swa-start"]),
     "group size too large": (lambda t: [*TRAIN, "--group-size", "5"], ["--group-size 5", "use a group size from 1 to 2"]),
     "slow rank out of range": (lambda t: [*TRAIN, "--slow-rank", "7", "--slow-ms", "5"], ["--slow-rank 7", "use 0 to 1"]),
     "data dir missing": (lambda t: [*TRAIN, "--data-dir", str(t / "nowhere")], ["does not exist", "pass the folder"]),
