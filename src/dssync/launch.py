@@ -67,6 +67,20 @@ def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 
 
+def exit_quietly(code: int) -> None:
+    """End this worker process now, without interpreter finalization.
+
+    Call it after the results are written and the process group is destroyed: gloo's worker
+    threads can still abort the process (SIGABRT, "terminate called without an active exception")
+    while the interpreter finalizes, which would turn a finished run into a failed one.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: float = DEFAULT_TIMEOUT_S,
           collective_timeout_s: float | None = None, env: dict[str, str] | None = None) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` local ranks; return each rank's result, by rank.

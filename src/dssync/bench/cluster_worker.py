@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.bench.sync_cost import FlatModel
-from dssync.launch import init_from_env
+from dssync.launch import exit_quietly, init_from_env
 from dssync.schedules import Shuffle
 from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, Strategy
 from dssync.topology import detect
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     init_from_env(backend="gloo", timeout_s=a.timeout)
     try:
         run(a.method, a.params, a.steps, a.warmup, a.period, a.probe, a.out)
+        dist.barrier()  # every rank has written its timings
     finally:
         dist.destroy_process_group()
+    exit_quietly(0)
 
 
 if __name__ == "__main__":

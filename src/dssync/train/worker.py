@@ -31,4 +31,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from dssync.launch import exit_quietly
+
+    exit_quietly(main(sys.argv[1:]))
