@@ -8,6 +8,7 @@ import click
 
 from dssync.cli.errors import is_user_error, user_error_message
 from dssync.cli.train_cmd import train
+from dssync.launch import exit_quietly, launched_externally
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -59,3 +60,5 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"error: {user_error_message(e)}", err=True)
         sys.exit(2)
+    if launched_externally():
+        exit_quietly(0)  # a torchrun rank whose work is written: skip finalization (see exit_quietly)
