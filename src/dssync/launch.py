@@ -11,6 +11,7 @@ import io
 import multiprocessing as mp
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -74,8 +75,6 @@ def exit_quietly(code: int) -> None:
     threads can still abort the process (SIGABRT, "terminate called without an active exception")
     while the interpreter finalizes, which would turn a finished run into a failed one.
     """
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

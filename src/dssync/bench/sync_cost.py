@@ -72,14 +72,13 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
     ddp = DistributedDataParallel(ddp_model)
     x = torch.randn(numel)
 
-    def raw_step(s: int) -> None:
+    def raw_step(s: int) -> int:
         g = group_of(schedule.partition(s, world), rank)
         dist.all_reduce(flat, group=raw_groups[tuple(g)])
+        return len(g)
 
     def raw_average(s: int) -> None:
-        g = group_of(schedule.partition(s, world), rank)
-        dist.all_reduce(flat, group=raw_groups[tuple(g)])
-        flat.div_(len(g))
+        flat.div_(raw_step(s))
 
     def ddp_backward() -> None:
         ddp(x).backward()

@@ -54,13 +54,14 @@ def _key_values(ctx, param, values: tuple[str, ...]) -> dict[str, str]:
               help="Evaluate the averaged model every N steps (0: once per epoch); finer time-to-target.")
 @click.option("--workload-option", "workload_options", multiple=True, callback=_key_values, metavar="KEY=VALUE",
               help="A workload setting, e.g. hidden=2048 or depth=16 (repeatable).")
-def compare_cmd(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir, timeout_s,
-                max_steps, swa_start, swa_lr, quiet, methods, seeds, target, topology, out_dir, json_path,
-                eval_every, workload_options) -> None:
+def compare_cmd(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir,
+                timeout_s, max_steps, swa_start, swa_lr, quiet, methods, seeds, target, topology, out_dir,
+                json_path, eval_every, workload_options) -> None:
     """Train WORKLOAD with each method and seed; write a report folder and print the summary."""
     base = TrainConfig(workload=workload, schedule=schedule, group_size=group_size, period=period, epochs=epochs,
-                       batch_size=batch_size, lr=lr, lr_schedule=lr_schedule, data_dir=data_dir, timeout_s=timeout_s, max_steps=max_steps,
-                       swa_start=0.75 if swa_start is None else swa_start, swa_lr=swa_lr, progress=not quiet,
+                       batch_size=batch_size, lr=lr, lr_schedule=lr_schedule, data_dir=data_dir, timeout_s=timeout_s,
+                       max_steps=max_steps, swa_start=0.75 if swa_start is None else swa_start, swa_lr=swa_lr,
+                       progress=not quiet,
                        workload_options=workload_options, eval_every=eval_every)
     for m in methods:
         validate(replace(base, sync=m), workers)

@@ -70,9 +70,9 @@ def training_options(f):
 @click.option("--crash-rank", type=click.IntRange(0), default=None, hidden=True,
               help="Test only: this rank exits abruptly after --crash-at-step steps (once).")
 @click.option("--crash-at-step", type=click.IntRange(1), default=None, hidden=True)
-def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir, timeout_s,
-          max_steps, swa_start, swa_lr, quiet, sync, seed, average_momentum, slow_rank, slow_ms, json_path,
-          checkpoint_dir, checkpoint_every, resume, crash_rank, crash_at_step) -> None:
+def train(workload, workers, group_size, schedule, period, epochs, batch_size, lr, lr_schedule, data_dir,
+          timeout_s, max_steps, swa_start, swa_lr, quiet, sync, seed, average_momentum, slow_rank, slow_ms,
+          json_path, checkpoint_dir, checkpoint_every, resume, crash_rank, crash_at_step) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
 
     Spawns --workers processes on this machine (gloo on loopback). Under torchrun
@@ -80,9 +80,8 @@ def train(workload, workers, group_size, schedule, period, epochs, batch_size, l
     """
     cfg = TrainConfig(workload=workload, sync=sync, schedule=schedule, group_size=group_size, period=period,
                       epochs=epochs, seed=seed, batch_size=batch_size, lr=lr, lr_schedule=lr_schedule,
-                      data_dir=data_dir,
-                      timeout_s=timeout_s, max_steps=max_steps, average_momentum=average_momentum,
-                      slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start, swa_lr=swa_lr,
+                      data_dir=data_dir, timeout_s=timeout_s, max_steps=max_steps,
+                      average_momentum=average_momentum, slow_rank=slow_rank, slow_ms=slow_ms, swa_start=swa_start, swa_lr=swa_lr,
                       progress=not quiet, checkpoint_dir=checkpoint_dir,
                       checkpoint_every=checkpoint_every or 0, resume=resume, crash_rank=crash_rank,
                       crash_at_step=crash_at_step)

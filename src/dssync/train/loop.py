@@ -105,6 +105,7 @@ def train_worker(cfg: TrainConfig) -> dict[str, Any]:
     total = n_steps * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, n_steps * cfg.epochs)
     run = RunState()
     swa_from = None if cfg.swa_start is None else int(cfg.swa_start * total)
+    # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
     schedule = LRSchedule(optimizer, cfg.lr_schedule or wl.lr_schedule, total,
                           hold_from=swa_from if cfg.swa_lr is not None else None, hold_lr=cfg.swa_lr)
     saver = None
