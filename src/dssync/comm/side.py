@@ -1,0 +1,53 @@
+"""The side group: a CPU-capable twin of a training group, for everything that is not parameter data.
+
+Design (device-correct by construction):
+
+* Parameter data (buckets, optimizer state, and anything that rides inside a bucket) lives on
+  the parameters' device and moves through the user's training group: nccl on GPUs, gloo on CPUs.
+* Everything else is small CPU metadata: start-up agreement (fingerprints), consensus distance,
+  topology detection, link probes, timings, and finding which ranks never came after a timeout.
+  It goes through :func:`side_group`, a gloo group over the same ranks, made once per training
+  group and cached. When the training group already runs gloo it is its own side group, so a CPU
+  job opens no extra sockets.
+
+nccl refuses CPU tensors, so a collective that sent metadata through an nccl training group would
+fail before the first step; routing it here keeps the GPU path correct without any copy to the
+device and back.
+
+Example::
+
+    side = side_group(process_group)          # every rank of process_group calls this alike
+    dist.all_reduce(torch.zeros(3, dtype=torch.float64), group=side)
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+
+_SIDE: dict[dist.ProcessGroup, dist.ProcessGroup] = {}
+
+
+def side_group(group: dist.ProcessGroup | None = None,
+               timeout_s: float | None = None) -> dist.ProcessGroup:
+    """A gloo group over the ranks of ``group`` (default: the world); ``group`` itself if gloo.
+
+    The first call for a group is collective: every rank of ``group`` must make it, in the same
+    order relative to other group creations (as with ``dist.new_group``). Later calls are free.
+    """
+    pg = group if group is not None else dist.group.WORLD
+    if dist.get_backend(pg) == dist.Backend.GLOO:
+        return pg
+    if pg not in _SIDE:
+        ranks = dist.get_process_group_ranks(pg)
+        local = len(ranks) != dist.get_world_size()
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        _SIDE[pg] = dist.new_group(ranks, backend="gloo", timeout=timeout,
+                                   use_local_synchronization=local)
+    return _SIDE[pg]
+
+
+def forget_side_groups() -> None:
+    """Drop cached side groups (call before ``dist.destroy_process_group()`` re-initializes)."""
+    _SIDE.clear()
