@@ -36,7 +36,7 @@ class DSSyncLocal:
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         enabled: ``False`` leaves DDP as it is and makes :meth:`step` do nothing.
 
-    Example (``accelerate launch --cpu --num_processes 2 train.py``)::
+    Example (``torchrun --nproc-per-node 2 train.py``; ``Accelerator(cpu=True)`` on CPUs)::
 
         accelerator = Accelerator()
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
