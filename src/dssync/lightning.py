@@ -65,11 +65,13 @@ class DSSyncStrategy(DDPStrategy):
                 "pass one such as dssync.Shuffle(2, seed=0)"
             )
         super().__init__(**kwargs)
-        if self._ddp_kwargs or self._ddp_comm_hook or self._model_averaging_period:
-            given = sorted(k for k in kwargs if k not in _DDP_STRATEGY_ARGS)
+        given = sorted(
+            k for k, v in kwargs.items() if k not in _DDP_STRATEGY_ARGS and v is not None
+        )
+        if given:
             raise UsageError(
-                f"DSSyncStrategy does not wrap the model in DistributedDataParallel, so "
-                f"{', '.join(given)} has no effect; drop it, or use DDPStrategy"
+                f"DSSyncStrategy has no DistributedDataParallel wrapper, so these DDP options do "
+                f"nothing: {', '.join(given)}; drop them, or use DDPStrategy"
             )
         self.schedule = schedule if schedule is not None else Shuffle(2)
         self.average_buffers = average_buffers

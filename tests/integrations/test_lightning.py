@@ -126,6 +126,9 @@ def test_bad_settings_name_the_fix():
         DSSyncStrategy("pairs")
     with pytest.raises(UsageError, match="find_unused_parameters"):
         DSSyncStrategy(find_unused_parameters=True)
+    with pytest.raises(UsageError, match="model_averaging_period"):
+        DSSyncStrategy(model_averaging_period=4)
+    assert DSSyncStrategy(process_group_backend="gloo").process_group_backend == "gloo"
 
 
 @pytest.mark.timeout(240)
