@@ -77,6 +77,7 @@ class DSSyncStrategy(DDPStrategy):
         self.average_buffers = average_buffers
         self.average_optimizer_state = average_optimizer_state
         self.sync: DSSync | None = None
+        self._state: dict[str, Any] | None = None  # the last fit's DS-Sync state
         self._resume: dict[str, Any] | None = None
 
     def configure_ddp(self) -> None:
@@ -135,7 +136,9 @@ class DSSyncStrategy(DDPStrategy):
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
         if self.sync is not None:
-            checkpoint["dssync"] = self.sync.state_dict()
+            self._state = self.sync.state_dict()
+        if self._state is not None:  # also after fit, e.g. trainer.save_checkpoint("final.ckpt")
+            checkpoint["dssync"] = self._state
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_checkpoint(
@@ -151,6 +154,8 @@ class DSSyncStrategy(DDPStrategy):
             self.sync.average_all()
 
     def teardown(self) -> None:
+        if self.sync is not None:
+            self._state = self.sync.state_dict()
         self.sync = None
         self._resume = None
         super().teardown()

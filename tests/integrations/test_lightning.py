@@ -32,8 +32,9 @@ class Alternate(Schedule):
 class Tiny(L.LightningModule):
     """Linear regression that records its gradient before and its weight after each step."""
 
-    def __init__(self) -> None:
+    def __init__(self, accumulate: int = 1) -> None:
         super().__init__()
+        self.accumulate = accumulate
         torch.manual_seed(0)
         self.net = nn.Linear(4, 1)
         self.grads: list[torch.Tensor] = []
@@ -51,21 +52,23 @@ class Tiny(L.LightningModule):
         self.grads.append(self.net.weight.grad.detach().clone())
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self.weights.append(self.net.weight.detach().clone())
+        if (batch_idx + 1) % self.accumulate == 0:  # a batch that ended with an optimizer step
+            self.weights.append(self.net.weight.detach().clone())
 
     def on_train_end(self) -> None:
         self.sync_steps = self.trainer.strategy.sync.steps
 
 
-def _loader() -> DataLoader:
+def _loader(accumulate: int = 1) -> DataLoader:
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(2 * 4 * STEPS_PER_EPOCH, 4, generator=g)
+    x = torch.randn(2 * 4 * STEPS_PER_EPOCH * accumulate, 4, generator=g)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(len(x), 1, generator=g)
     return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False)
 
 
-def _trainer(root: Path, epochs: int, strategy: DSSyncStrategy, callbacks=()) -> L.Trainer:
+def _trainer(root: Path, epochs: int, strategy: DSSyncStrategy, callbacks=(), **kw) -> L.Trainer:
     return L.Trainer(
+        **kw,
         accelerator="cpu",
         devices=2,
         strategy=strategy,
@@ -80,16 +83,19 @@ def _trainer(root: Path, epochs: int, strategy: DSSyncStrategy, callbacks=()) ->
 
 
 def _fit(root: str):
-    model = Tiny()
-    trainer = _trainer(Path(root), 1, DSSyncStrategy(Alternate()))
-    trainer.fit(model, _loader())
-    return (
-        model.grads,
-        model.weights,
-        model.net.weight.detach(),
-        model.sync_steps,
-        trainer.global_step,
+    """One epoch of 5 optimizer steps over 2 accumulated batches each, in bf16 autocast."""
+    model = Tiny(accumulate=2)
+    trainer = _trainer(
+        Path(root),
+        1,
+        DSSyncStrategy(Alternate()),
+        accumulate_grad_batches=2,
+        precision="bf16-mixed",
     )
+    trainer.fit(model, _loader(accumulate=2))
+    trainer.save_checkpoint(Path(root) / "final.ckpt")  # after fit: still carries the step
+    saved = torch.load(Path(root) / "final.ckpt", weights_only=False)["dssync"]["steps"]
+    return model.grads, model.weights, model.net.weight.detach(), model.sync_steps, saved
 
 
 def _fit_resume(root: str):
@@ -132,11 +138,11 @@ def test_bad_settings_name_the_fix():
 
 
 @pytest.mark.timeout(240)
-def test_fit_keeps_gradients_local_and_averages_on_schedule(tmp_path):
-    (g0, w0, end0, steps0, gs0), (g1, w1, end1, steps1, _) = spawn(
+def test_fit_keeps_gradients_local_and_averages_after_each_update(tmp_path):
+    (g0, w0, end0, steps0, saved), (g1, w1, end1, steps1, _) = spawn(
         _fit, 2, args=(str(tmp_path),), timeout_s=200
     )
-    assert gs0 == steps0 == steps1 == STEPS_PER_EPOCH
+    assert saved == steps0 == steps1 == len(g0) == len(w0) == STEPS_PER_EPOCH  # 1 per update
     for step in range(STEPS_PER_EPOCH):
         assert not torch.equal(g0[step], g1[step]), f"step {step}: gradients were all-reduced"
         paired = step % 2 == 1
