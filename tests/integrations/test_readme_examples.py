@@ -1,0 +1,94 @@
+"""The README's Lightning and Accelerate examples, run as printed with the command on their first line."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dssync.launch import free_port
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def example(name: str) -> tuple[str, list[str]]:
+    """The README's ```python block that starts ``# <name>: `<command>```, and that command."""
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+        first = block.splitlines()[0]
+        if first.startswith(f"# {name}:"):
+            return block, shlex.split(re.search(r"`([^`]+)`", first).group(1))
+    raise AssertionError(f"README.md has no example starting with '# {name}:'")
+
+
+def run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own session; on timeout every process it started is killed."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(README.parent / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd} did not finish in {timeout}s:\n{err[-3000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{err[-3000:]}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def rank_losses(stdout: str) -> dict[int, str]:
+    # Not anchored to lines: two ranks' prints can land on one line of the shared pipe.
+    return {int(r): loss for r, loss in re.findall(r"rank (\d+): loss (\d+\.\d{6})", stdout)}
+
+
+@pytest.mark.timeout(300)
+def test_lightning_example(tmp_path):
+    code, cmd = example("train_lightning.py")
+    (tmp_path / cmd[1]).write_text(code)
+    assert cmd[0] == "python"
+    r = run([sys.executable, *cmd[1:]], tmp_path, timeout=280)
+    losses = rank_losses(r.stdout)
+    assert sorted(losses) == [0, 1] and len(set(losses.values())) == 1, r.stdout
+    assert float(losses[0]) < 1.0  # it learned (y has variance 8)
+
+
+@pytest.mark.timeout(300)
+def test_accelerate_example(tmp_path):
+    code, cmd = example("train_accelerate.py")
+    (tmp_path / cmd[-1]).write_text(code)
+    assert cmd[0] == "torchrun"
+    # A free port instead of the default 29500, which a concurrent run may hold.
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--master-port",
+        str(free_port()),
+        *cmd[1:],
+    ]
+    r = run(launch, tmp_path, timeout=280)
+    losses = rank_losses(r.stdout)
+    assert sorted(losses) == [0, 1] and len(set(losses.values())) == 1, r.stdout
+    assert float(losses[0]) < 1.0
