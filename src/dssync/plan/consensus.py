@@ -1,0 +1,113 @@
+"""Steps to consensus of a schedule, from its mixing matrices, without forming N x N products.
+
+A round of group averaging is x <- W x with W the schedule's mixing matrix
+(:func:`dssync.schedules.mixing_matrix`). Applying W is a mean per group, O(N), so everything
+here works on vectors:
+
+* :func:`expected_gap`: 1 - lambda_2 of the mean of W over one cycle (the spectral gap of the
+  expected mixing matrix); Lanczos (scipy's ``eigsh``) on the operator, exact to solver tolerance.
+* :func:`consensus_steps`: steps until the disagreement ||x - mean|| shrinks by ``eps``. A
+  schedule that averages exactly (butterfly) is caught step by step. Otherwise the rate per cycle
+  is the asymptotic one, ||A^m x|| ** (1/m) for the cycle's product A = W_c ... W_1 - J/N and a
+  random start x, after m cycles (power iteration: a sampled estimate of the spectral radius, which
+  the worst-case start shares); steps = cycle * ln(eps) / ln(rate), rounded up.
+
+Example::
+
+    >>> from dssync.schedules import Butterfly
+    >>> consensus_steps(Butterfly(2), 4)
+    2
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, eigsh
+
+from dssync.schedules import Schedule, spectral_gap
+
+DENSE_UP_TO = 128  # below this, the dense eigen-solver of dssync.schedules is cheap and exact
+NEVER = math.inf
+
+
+def _labels(schedule: Schedule, world: int, cycle: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per step of the cycle: each rank's group index, and each group's size."""
+    out = []
+    for t in range(cycle):
+        ids = np.empty(world, dtype=np.int64)
+        groups = schedule.partition(t, world)
+        for i, g in enumerate(groups):
+            ids[g] = i
+        out.append((ids, np.array([len(g) for g in groups], dtype=float)))
+    return out
+
+
+def _mix(x: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """W x: each rank gets its group's mean."""
+    return (np.bincount(ids, weights=x, minlength=len(sizes)) / sizes)[ids]
+
+
+def cycle_of(schedule: Schedule, world: int, default: int = 8) -> int:
+    return schedule.cycle(world) or default
+
+
+def expected_gap(schedule: Schedule, world: int) -> float:
+    """1 - lambda_2 of the mean mixing matrix over one cycle (0: never mixes; 1: exact)."""
+    cycle = cycle_of(schedule, world)
+    if world <= DENSE_UP_TO:
+        return spectral_gap(schedule, world, steps=cycle)
+    steps = _labels(schedule, world, cycle)
+
+    def apply(v: np.ndarray) -> np.ndarray:
+        v = np.ravel(v)
+        v = v - v.mean()
+        out = sum(_mix(v, ids, sizes) for ids, sizes in steps) / cycle
+        return out - out.mean()
+
+    op = LinearOperator((world, world), matvec=apply, dtype=float)
+    top = eigsh(
+        op,
+        k=1,
+        which="LA",
+        tol=1e-8,
+        return_eigenvectors=False,
+        v0=np.random.default_rng(0).standard_normal(world),
+    )
+    return float(max(0.0, 1.0 - top[0]))
+
+
+def consensus_steps(
+    schedule: Schedule, world: int, eps: float = 1e-3, cycles: int = 400, seed: int = 0
+) -> float:
+    """Steps until the disagreement is ``eps`` of its start (an int, or inf if it never gets there).
+
+    Exact averaging is found step by step in the first cycles; otherwise the asymptotic rate per
+    cycle from ``cycles`` cycles of power iteration gives cycle * ln(eps) / ln(rate).
+    """
+    if world < 2:
+        return 0
+    cycle = cycle_of(schedule, world)
+    steps = _labels(schedule, world, cycle)
+    x = np.random.default_rng(seed).standard_normal(world)
+    x -= x.mean()
+    start = np.linalg.norm(x)
+    log_norm, logs = 0.0, []
+    for m in range(cycles):
+        for i, (ids, sizes) in enumerate(steps):
+            x = _mix(x, ids, sizes)
+            if m < 4 and np.linalg.norm(x - x.mean()) <= 1e-12 * start:
+                return m * cycle + i + 1
+        x -= x.mean()  # the mean is kept; only rounding error leaves it
+        norm = float(np.linalg.norm(x))
+        if norm == 0.0:
+            return (m + 1) * cycle
+        log_norm += math.log(norm / start)
+        logs.append(log_norm)
+        x *= start / norm
+    half = cycles // 2
+    rate_log = (logs[-1] - logs[half - 1]) / (cycles - half)  # per cycle, past the transient
+    if rate_log >= -1e-12:
+        return NEVER
+    return math.ceil(cycle * math.log(eps) / rate_log)

@@ -1,0 +1,49 @@
+"""Steps to consensus and spectral gaps, against exact dense products on small cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dssync.plan import consensus
+from dssync.plan.consensus import consensus_steps, expected_gap
+from dssync.plan.cost import Repeating
+from dssync.schedules import Butterfly, Global, Shuffle, Static, mixing_matrix, spectral_gap
+
+
+def exact_steps(schedule, n: int, eps: float = 1e-3, cap: int = 2000) -> int:
+    j = np.full((n, n), 1.0 / n)
+    p = np.eye(n)
+    for t in range(1, cap + 1):
+        p = mixing_matrix(schedule.partition(t - 1, n), n) @ p
+        if np.linalg.norm(p - j, 2) <= eps:
+            return t
+    return cap
+
+
+def test_butterfly_pairs_reach_exact_consensus_in_log2_steps():
+    assert consensus_steps(Butterfly(2), 4) == 2
+    assert consensus_steps(Butterfly(2), 8) == 3
+    assert consensus_steps(Global(), 8) == 1
+    assert expected_gap(Butterfly(2), 4) == pytest.approx(0.5)
+
+
+def test_static_groups_never_agree():
+    assert math.isinf(consensus_steps(Static(2), 8))
+    assert expected_gap(Static(2), 8) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("n", [8, 16, 32])
+def test_shuffle_steps_close_to_the_exact_count(n):
+    schedule = Repeating(Shuffle(2, seed=0), 8)
+    est, exact = consensus_steps(schedule, n), exact_steps(schedule, n)
+    assert 0.7 * exact <= est <= 1.2 * exact
+
+
+def test_matrix_free_gap_matches_the_dense_one(monkeypatch):
+    schedule = Repeating(Shuffle(2, seed=3), 8)
+    dense = spectral_gap(schedule, 160, steps=8)
+    monkeypatch.setattr(consensus, "DENSE_UP_TO", 0)
+    assert expected_gap(schedule, 160) == pytest.approx(dense, abs=1e-6)
