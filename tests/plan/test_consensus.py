@@ -47,3 +47,11 @@ def test_matrix_free_gap_matches_the_dense_one(monkeypatch):
     dense = spectral_gap(schedule, 160, steps=8)
     monkeypatch.setattr(consensus, "DENSE_UP_TO", 0)
     assert expected_gap(schedule, 160) == pytest.approx(dense, abs=1e-6)
+
+
+def test_groups_that_never_join_some_ranks_never_agree():
+    left_right = Static([[0, 1], [2, 3], [4, 5], [6, 7]])
+    assert math.isinf(consensus_steps(left_right, 8))
+    chain = Repeating(Butterfly(2), 2)  # only the first two of three axes: halves never meet
+    assert math.isinf(consensus_steps(chain, 8))
+    assert consensus_steps(Repeating(Butterfly(2), 3), 8) == 3

@@ -12,7 +12,14 @@ from dssync.errors import UsageError
 from dssync.plan.clusters import cluster_for, to_toml
 from dssync.plan.tables import SCALES, make_plan, plan_table, scale_table
 
-TABLE_TOPOLOGIES = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
+TABLE_TOPOLOGIES = (
+    "s1-homogeneous",
+    "s2-inter-rack",
+    "s3-slow-host",
+    "s4-dynamic",
+    "fat-tree",
+    "rack-spine",
+)
 
 
 @click.command("plan")
@@ -54,7 +61,7 @@ TABLE_TOPOLOGIES = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynam
     "--table",
     "scales",
     is_flag=True,
-    help=f"Tables for {', '.join(map(str, SCALES))} workers on the shipped topologies.",
+    help=f"Tables for the shipped topologies and the generated fabrics at {', '.join(map(str, SCALES))} workers.",
 )
 @click.option(
     "--validate",

@@ -7,6 +7,7 @@ here works on vectors:
 * :func:`expected_gap`: 1 - lambda_2 of the mean of W over one cycle (the spectral gap of the
   expected mixing matrix); Lanczos (scipy's ``eigsh``) on the operator, exact to solver tolerance.
 * :func:`consensus_steps`: steps until the disagreement ||x - mean|| shrinks by ``eps``. A
+  cycle whose groups leave some ranks apart never gets there (a connectivity check, exact). A
   schedule that averages exactly (butterfly) is caught step by step. Otherwise the rate per cycle
   is the asymptotic one, ||A^m x|| ** (1/m) for the cycle's product A = W_c ... W_1 - J/N and a
   random start x, after m cycles (power iteration: a sampled estimate of the spectral radius, which
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import LinearOperator, eigsh
 
 from dssync.schedules import Schedule, spectral_gap
@@ -47,6 +50,23 @@ def _labels(schedule: Schedule, world: int, cycle: int) -> list[tuple[np.ndarray
 def _mix(x: np.ndarray, ids: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """W x: each rank gets its group's mean."""
     return (np.bincount(ids, weights=x, minlength=len(sizes)) / sizes)[ids]
+
+
+def connected(steps: list[tuple[np.ndarray, np.ndarray]], world: int) -> bool:
+    """Whether the groups of the cycle, taken together, join every rank to every other.
+
+    If they do not, some ranks never hear of the others and no number of steps gives consensus.
+    """
+    rows, cols = [], []
+    for t, (ids, _) in enumerate(steps):
+        rows.append(np.arange(world))
+        cols.append(world + t * world + ids)  # one node per (step, group)
+    graph = coo_matrix(
+        (np.ones(world * len(steps)), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(world * (1 + len(steps)),) * 2,
+    )
+    _, labels = connected_components(graph, directed=False)
+    return len(set(labels[:world].tolist())) == 1
 
 
 def cycle_of(schedule: Schedule, world: int, default: int = 8) -> int:
@@ -90,6 +110,8 @@ def consensus_steps(
         return 0
     cycle = cycle_of(schedule, world)
     steps = _labels(schedule, world, cycle)
+    if not connected(steps, world):
+        return NEVER
     x = np.random.default_rng(seed).standard_normal(world)
     x -= x.mean()
     start = np.linalg.norm(x)

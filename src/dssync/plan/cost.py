@@ -5,8 +5,8 @@
 * ``hierarchical``: reduce inside each domain (a ring reduce-scatter, then a gather to the
   leader), a ring all-reduce among the leaders, a broadcast back (scatter, then ring all-gather).
 * ``dssync``: random pairs (``Shuffle(2)``, repeating every ``repeat`` steps) average parameters;
-  all pairs of a step run at once and share links; a step lasts as long as its slowest pair
-  (partners of the next step wait for it); the figure is the mean over the repeat.
+  all pairs of a step run at once and share links; with no barrier, each rank waits only for its
+  own partners, so the pace comes from following every rank's clock (see :func:`schedule_s`).
 * ``dssync-topo``: the same for :func:`dssync.schedules.plan_topology_aware`'s plan.
 * ``dssync-topo overlapped``: max(compute, averaging), as if averaging ran behind the next
   step's compute. No dssync strategy does this yet; it is the model's ceiling, labelled as such.
@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from dssync.cluster.spec import ClusterSpec
 from dssync.plan.flows import Net, Ring
@@ -98,22 +100,55 @@ def schedules(
     }
 
 
-def schedule_s(net: Net, schedule: Schedule, nbytes: float, window: range | None = None) -> float:
-    """Mean seconds per step of averaging ``nbytes`` in ``schedule``'s groups.
+def schedule_s(
+    net: Net,
+    schedule: Schedule,
+    nbytes: float,
+    compute_s: float = 0.0,
+    window: range | None = None,
+    cycles: int = 32,
+) -> float:
+    """Seconds of averaging per step, on average, when ranks wait only for their own group.
 
-    The mean is over one cycle, or over the steps of ``window`` (a run's timed steps).
+    There is no barrier in DS-Sync: a group starts when its last member has finished its compute
+    and its previous group, and it lasts as long as the flow model says for that step (all groups
+    of a step share the links). Following every rank's clock through the steps (a max-plus
+    simulation) gives the pace; a slow group delays its members, their next partners, and so on.
+    The pace is measured over ``window`` (a run's timed steps; the clocks start at step 0), else
+    over the second half of ``cycles`` cycles. Returns pace - compute.
     """
     n = net.world
-    steps = window if window is not None else range(schedule.cycle(n) or 8)
-    cache: dict[int, float] = {}
-    times = []
-    for t in steps:
-        key = t % (schedule.cycle(n) or 1 << 62)
-        if key not in cache:
-            groups = [g for g in schedule.partition(t, n) if len(g) > 1]
-            cache[key] = net.phase([Ring.allreduce(g, nbytes) for g in groups])
-        times.append(cache[key])
-    return sum(times) / max(len(times), 1)
+    cycle = schedule.cycle(n) or 8
+    steps = window if window is not None else range(cycles * cycle // 2, cycles * cycle)
+    durations: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    clock = np.zeros(n)
+    start = None
+    for t in range(steps.stop):
+        if t == steps.start:
+            start = clock.copy()
+        key = t % cycle
+        if key not in durations:
+            durations[key] = _step_durations(net, schedule.partition(t, n), nbytes)
+        ids, length = durations[key]
+        ready = clock + compute_s
+        begin = np.full(len(length), -np.inf)
+        np.maximum.at(begin, ids, ready)
+        clock = begin[ids] + length[ids]
+    pace = float(np.mean(clock - start)) / max(len(steps), 1)
+    return pace - compute_s
+
+
+def _step_durations(
+    net: Net, groups: list[list[int]], nbytes: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's group index, and each group's seconds when all groups of the step run at once."""
+    ids = np.empty(net.world, dtype=np.int64)
+    for i, g in enumerate(groups):
+        ids[g] = i
+    length = np.zeros(len(groups))
+    pairs = [i for i, g in enumerate(groups) if len(g) > 1]
+    length[pairs] = net.finish_times([Ring.allreduce(groups[i], nbytes) for i in pairs])
+    return ids, length
 
 
 def ring_s(net: Net, nbytes: float) -> float:
@@ -160,8 +195,8 @@ def predict(
     sync = {
         "ddp": ring_s(net, nbytes),
         "hierarchical": hierarchical_s(net, nbytes, domains),
-        "dssync": schedule_s(net, plans["dssync"], nbytes, window),
-        "dssync-topo": schedule_s(net, plans["dssync-topo"], nbytes, window),
+        "dssync": schedule_s(net, plans["dssync"], nbytes, compute_s, window),
+        "dssync-topo": schedule_s(net, plans["dssync-topo"], nbytes, compute_s, window),
     }
     out = [Prediction(m, float(s), float(compute_s + s)) for m, s in sync.items()]
     topo = sync["dssync-topo"]

@@ -14,7 +14,7 @@ that cross it); when a ring finishes, the others take over its share. Each ring 
 Example::
 
     >>> from dssync.cluster import load_topology
-    >>> net = Net(load_topology("tiny"), latency_s=0.0)
+    >>> net = Net(load_topology("tiny"), latency_s=0.0, goodput=1.0)
     >>> round(net.phase([Ring([0, 1], 1_000_000)]), 3)   # 1 MB each way over 50 Mbit/s
     0.16
 """
@@ -28,6 +28,8 @@ from scipy import sparse
 
 from dssync.cluster.spec import ClusterSpec
 
+# TCP payload per full frame at MTU 1500 (with timestamps), of the bytes a shaper counts.
+GOODPUT = 1448 / 1514
 LOCAL_FACTOR = 0.1  # a message between ranks of one host costs a tenth of a switch hop's latency
 
 
@@ -61,7 +63,8 @@ class Net:
 
     ``rates`` overrides link rates by concrete name (``{"rack_uplink:0": 100.0}``); a rate of None
     is an unshaped link. ``latency_s`` is one message's latency through one switch; between racks
-    a message crosses three (leaf, spine, leaf).
+    a message crosses three (leaf, spine, leaf). ``goodput`` is the share of a link's rate that
+    carries data (default: TCP payload per full Ethernet frame).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Net:
         spec: ClusterSpec,
         latency_s: float = 50e-6,
         rates: dict[str, float | None] | None = None,
+        goodput: float = GOODPUT,
     ) -> None:
         self.spec = spec
         self.latency_s = latency_s
@@ -83,7 +87,7 @@ class Net:
             for i in range(k)
             for _ in (0, 1)
         ]
-        self.caps = np.asarray(caps, dtype=float)
+        self.caps = np.asarray(caps, dtype=float) * goodput
 
     def links_of(self, a: int, b: int) -> list[int]:
         """Indices of the (link, direction) a message from rank a to rank b loads."""
@@ -107,8 +111,17 @@ class Net:
         return max(self.finish_times(rings), default=0.0)
 
     def finish_times(self, rings: list[Ring]) -> list[float]:
-        """Seconds at which each ring finishes: its share of the links, plus its latency steps."""
-        rings = [r for r in rings if len(r.members) > 1 and r.pairs()]
+        """Seconds at which each ring finishes: its share of the links, plus its latency steps.
+
+        A ring with fewer than two members has nothing to send and finishes at 0.
+        """
+        real = [i for i, r in enumerate(rings) if len(r.members) > 1 and r.pairs()]
+        out = [0.0] * len(rings)
+        for i, t in zip(real, self._finish([rings[i] for i in real]), strict=True):
+            out[i] = t
+        return out
+
+    def _finish(self, rings: list[Ring]) -> list[float]:
         if not rings:
             return []
         rows: list[int] = []
@@ -144,7 +157,7 @@ class Net:
             )
             done[finished] = now
             active &= ~finished
-        return list(done + latency)
+        return [float(x) for x in done + latency]
 
 
 def fair_rates(use: sparse.csr_matrix, caps: np.ndarray, active: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ SHORT = {
     "hierarchical": "hier",
     "dssync": "shuffle",
     "dssync-topo": "topo",
-    "dssync-topo overlapped": "topo||",
+    "dssync-topo overlapped": "overlap",
 }
 
 
@@ -129,7 +129,7 @@ def scale_table(
     """One row per worker count: iteration time of each method, steps to consensus of DS-Sync."""
     first = cluster_for(name, scales[0])
     t = Table(
-        title=f"{first.name}: {shape(first)}",
+        title=f"{first.name}: {shape(first)}\nms per iteration, then steps to consensus (1e-3)",
         box=box.SIMPLE_HEAD,
         title_justify="left",
         pad_edge=False,
@@ -137,13 +137,13 @@ def scale_table(
     t.add_column("workers", justify="right")
     for m in SHORT.values():
         t.add_column(m, justify="right")
-    t.add_column("steps shuf", justify="right")
-    t.add_column("steps topo", justify="right")
+    t.add_column("shuffle", justify="right")
+    t.add_column("topo", justify="right")
     for n in scales:
         plan = make_plan(cluster_for(name, n), params, compute_s, latency_s)
         t.add_row(
             str(n),
-            *[_ms(p.iter_s) for p in plan.predictions],
+            *[f"{p.iter_s * 1000:,.0f}" for p in plan.predictions],
             _steps(plan.steps["dssync"]),
             _steps(plan.steps["dssync-topo"]),
         )
