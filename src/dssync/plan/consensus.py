@@ -10,8 +10,10 @@ here works on vectors:
   cycle whose groups leave some ranks apart never gets there (a connectivity check, exact). A
   schedule that averages exactly (butterfly) is caught step by step. Otherwise the rate per cycle
   is the asymptotic one, ||A^m x|| ** (1/m) for the cycle's product A = W_c ... W_1 - J/N and a
-  random start x, after m cycles (power iteration: a sampled estimate of the spectral radius, which
-  the worst-case start shares); steps = cycle * ln(eps) / ln(rate), rounded up.
+  random start x, after m cycles (power iteration: a sampled estimate of the spectral radius);
+  steps = cycle * ln(eps) / ln(rate), rounded up. Up to EXACT_UP_TO steps that guess is refined
+  to the worst-case count: the smallest t with ||W_t ... W_1 - J/N||_2 <= eps, each norm by
+  power iteration on the product (matrix-free, O(N t) per iteration).
 
 Example::
 
@@ -31,7 +33,8 @@ from scipy.sparse.linalg import LinearOperator, eigsh
 
 from dssync.schedules import Schedule, spectral_gap
 
-DENSE_UP_TO = 128  # below this, the dense eigen-solver of dssync.schedules is cheap and exact
+DENSE_UP_TO = 128
+EXACT_UP_TO = 512  # rate estimates up to this many steps are refined to the worst-case count  # below this, the dense eigen-solver of dssync.schedules is cheap and exact
 NEVER = math.inf
 
 
@@ -132,4 +135,49 @@ def consensus_steps(
     rate_log = (logs[-1] - logs[half - 1]) / (cycles - half)  # per cycle, past the transient
     if rate_log >= -1e-12:
         return NEVER
-    return math.ceil(cycle * math.log(eps) / rate_log)
+    guess = math.ceil(cycle * math.log(eps) / rate_log)
+    return worst_case_steps(steps, world, eps, guess) if guess <= EXACT_UP_TO else guess
+
+
+def product_norm(
+    steps: list[tuple[np.ndarray, np.ndarray]], t: int, v: np.ndarray, iters: int = 12
+) -> tuple[float, np.ndarray]:
+    """||W_t ... W_1 - J/N||_2 by power iteration on P^T P (each W is symmetric), from ``v``.
+
+    Returns the norm and the last vector (a warm start for the next t). A lower estimate that
+    converges from below; the worst-case start vector, not a sampled one.
+    """
+    cycle = len(steps)
+    norm = 0.0
+    for _ in range(iters):
+        v = v - v.mean()
+        v /= np.linalg.norm(v)
+        w = v
+        for s in range(t):
+            w = _mix(w, *steps[s % cycle])
+        norm = float(np.linalg.norm(w - w.mean()))
+        for s in reversed(range(t)):
+            w = _mix(w, *steps[s % cycle])
+        v = w
+    return norm, v
+
+
+def worst_case_steps(
+    steps: list[tuple[np.ndarray, np.ndarray]], world: int, eps: float, guess: int
+) -> int:
+    """The smallest t with ||W_t ... W_1 - J/N|| <= eps, searched from ``guess`` (the norm
+    never grows with t, since every ||W - J/N|| <= 1)."""
+    v = np.random.default_rng(1).standard_normal(world)
+    t = max(1, guess)
+    norm, v = product_norm(steps, t, v, iters=30)
+    if norm > eps:
+        while norm > eps and t < 4 * guess + 16:
+            t += 1
+            norm, v = product_norm(steps, t, v)
+        return t
+    while t > 1:
+        lower, v = product_norm(steps, t - 1, v)
+        if lower > eps:
+            break
+        t -= 1
+    return t

@@ -77,8 +77,8 @@ def make_plan(
 
 
 def describe(spec: ClusterSpec) -> str:
-    """``name: N workers, R racks, shape``."""
-    return f"{spec.name}: {spec.world_size} workers, {spec.racks} racks, {shape(spec)}"
+    """``name, N workers in R racks`` and, on a second line, the shape."""
+    return f"{spec.name}, {spec.world_size} workers in {spec.racks} racks\n{shape(spec)}"
 
 
 def shape(spec: ClusterSpec) -> str:
@@ -114,7 +114,7 @@ def plan_table(plan: Plan) -> Table:
             _ms(p.sync_s),
             _ms(p.iter_s),
             "exact" if gap is None else f"{gap:.3g}",
-            "1 (exact)" if steps is None else _steps(steps),
+            "exact" if steps is None else _steps(steps),
         )
     return t
 
