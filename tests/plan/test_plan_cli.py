@@ -70,6 +70,13 @@ def test_plan_json_scales_to_1024_workers(capsys, tmp_path):
     assert "racks = 256" in topo.read_text()
 
 
+def test_validate_rejects_a_file_without_timings(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"settings": {"params": 1000}, "results": {"tiny": {"ddp": {}}}}))
+    code, _, err = run(["--validate", str(path)], capsys)
+    assert code == 2 and "iter_time_s" in err and len(err.strip().splitlines()) == 1
+
+
 def test_validate_prints_errors_per_method(capsys, tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(BENCH))
@@ -87,6 +94,8 @@ def test_validate_prints_errors_per_method(capsys, tmp_path):
         ([], ["exactly one of"]),
         (["--table", "--topology", "s1-homogeneous"], ["exactly one of"]),
         (["--validate", "/no/such.json"], ["no such file"]),
+        (["--table", "--workers", "64"], ["--workers", "--topology"]),
+        (["--topology", "tiny", "--rates", "probe"], ["--rates", "--validate"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, words):

@@ -109,6 +109,10 @@ def plan(
             f"give exactly one of --topology, --table or --validate (got "
             f"{', '.join(modes) or 'none'}); e.g. --topology s2-inter-rack"
         )
+    if workers is not None and not topology:
+        raise UsageError("--workers scales a --topology; drop it, or add --topology NAME")
+    if rates != "file" and not validate_path:
+        raise UsageError("--rates applies to --validate only; drop it, or add --validate FILE.json")
     if validate_path:
         from dssync.plan.validate import validate_table
 

@@ -86,6 +86,12 @@ def compare(data: dict[str, Any], rates: str = "file", latency_s: float = 50e-6)
         measured = {m: r for m, r in runs.items() if m in BENCH_METHODS}
         if not measured:
             continue
+        for m, r in measured.items():
+            if not all(isinstance(r.get(k), int | float) for k in ("iter_time_s", "sync_time_s")):
+                raise UsageError(
+                    f"{scenario} / {m} in the bench file has no iter_time_s and sync_time_s; "
+                    "give the file `dssync bench --json` wrote"
+                )
         compute = statistics.median(r["iter_time_s"] - r["sync_time_s"] for r in measured.values())
         link = _rates(spec, runs, rates)
         probed = _probed(spec, runs)
