@@ -111,3 +111,10 @@ def test_ranks_wait_only_for_their_own_groups():
     assert schedule_s(net, apart, MB, compute_s=0.01) == pytest.approx((fast + slow) / 2, rel=1e-6)
     mixing = Butterfly(2)  # the slow host's pair changes, and its delay reaches everyone
     assert schedule_s(net, mixing, MB, compute_s=0.01) == pytest.approx(slow, rel=1e-6)
+
+
+def test_host_cost_adds_per_byte_of_each_edge():
+    plain = Net(two_racks(100.0), latency_s=0.0, goodput=1.0)
+    busy = Net(two_racks(100.0), latency_s=0.0, goodput=1.0, host_s_per_byte=1e-9)
+    n = 4
+    assert ring_s(busy, MB) - ring_s(plain, MB) == pytest.approx(2 * (n - 1) / n * MB * 1e-9)

@@ -96,6 +96,7 @@ def test_validate_prints_errors_per_method(capsys, tmp_path):
         (["--validate", "/no/such.json"], ["no such file"]),
         (["--table", "--workers", "64"], ["--workers", "--topology"]),
         (["--topology", "tiny", "--rates", "probe"], ["--rates", "--validate"]),
+        (["--topology", "tiny", "--host-json", "x.json"], ["--host-json", "--validate"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, words):

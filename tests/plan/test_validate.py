@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.plan.validate import compare, probed_rates
+from dssync.plan.validate import compare, host_cost, probed_rates
 
 BENCH = json.loads((Path(__file__).parent / "bench-emulated-4m.json").read_text())
 
@@ -49,3 +49,17 @@ def test_probe_rates_change_the_prediction():
     assert by_probe[("s3-slow-host", "ddp")] > by_file[("s3-slow-host", "ddp")] * 1.3
     with pytest.raises(ValueError, match="use 'file' or 'probe'"):
         compare(BENCH, rates="guess")
+
+
+def test_host_cost_from_a_bench_sync_file():
+    rows = [
+        {"world_size": 2, "group_size": 2, "numel": 1_000_000, "raw_s": 0.004},
+        {"world_size": 8, "group_size": 2, "numel": 1_000_000, "raw_s": 0.008},
+    ]
+    assert host_cost(rows, 8) == pytest.approx(0.008 / 4e6)
+    assert host_cost(rows, 16) == pytest.approx(0.008 / 4e6)  # the largest when none matches
+    with pytest.raises(ValueError, match="--group-size 2"):
+        host_cost([{"world_size": 8, "group_size": 4, "numel": 1, "raw_s": 1.0}], 8)
+    plain = {(r.scenario, r.method): r.predicted_sync for r in compare(BENCH)}
+    busy = {(r.scenario, r.method): r.predicted_sync for r in compare(BENCH, host_s_per_byte=1e-9)}
+    assert all(busy[k] > plain[k] for k in plain)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -79,6 +80,13 @@ TABLE_TOPOLOGIES = (
     help="With --validate: link rates from the topology file or from the bench's probe.",
 )
 @click.option(
+    "--host-json",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.json",
+    help="With --validate: the CPU's cost per byte from a `dssync bench-sync --json` file.",
+)
+@click.option(
     "--write-topology",
     type=click.Path(dir_okay=False),
     default=None,
@@ -94,6 +102,7 @@ def plan(
     scales,
     validate_path,
     rates,
+    host_json,
     write_topology,
 ) -> None:
     """Predict each method's iteration time and DS-Sync's steps to consensus (no network used)."""
@@ -113,10 +122,14 @@ def plan(
         raise UsageError("--workers scales a --topology; drop it, or add --topology NAME")
     if rates != "file" and not validate_path:
         raise UsageError("--rates applies to --validate only; drop it, or add --validate FILE.json")
+    if host_json and not validate_path:
+        raise UsageError("--host-json applies to --validate only; drop it, or add --validate FILE")
     if validate_path:
-        from dssync.plan.validate import validate_table
+        from dssync.plan.validate import host_cost, validate_table
 
-        out.print(validate_table(_read_json(validate_path), rates, latency_s))
+        data = _read_json(validate_path)
+        host = host_cost(_read_json(host_json, "bench-sync", table=False), 8) if host_json else 0.0
+        out.print(validate_table(data, rates, latency_s, host))
         return
     if scales:
         for name in TABLE_TOPOLOGIES:
@@ -132,19 +145,21 @@ def plan(
         out.print(plan_table(result))
 
 
-def _read_json(path: str) -> dict:
+def _read_json(path: str, command: str = "bench", table: bool = True) -> Any:
+    """The JSON that ``dssync <command> --json`` wrote at ``path``; bad files are a UsageError."""
+    flag = "--validate" if command == "bench" else "--host-json"
     try:
         data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         raise UsageError(
-            f"--validate {path}: no such file; give the JSON of `dssync bench --json`"
+            f"{flag} {path}: no such file; give the JSON of `dssync {command} --json`"
         ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(
-            f"--validate {path}: not JSON ({e}); give the file `dssync bench --json` wrote"
+            f"{flag} {path}: not JSON ({e}); give the file `dssync {command} --json` wrote"
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+    if table and (not isinstance(data, dict) or not isinstance(data.get("results"), dict)):
         raise UsageError(
-            f"--validate {path}: no 'results' table; give the file `dssync bench --json` wrote"
+            f"{flag} {path}: no 'results' table; give the file `dssync {command} --json` wrote"
         )
     return data

@@ -181,14 +181,16 @@ def predict(
     known: Topology | None = None,
     window: range | None = None,
     plans: dict[str, Schedule] | None = None,
+    host_s_per_byte: float = 0.0,
 ) -> list[Prediction]:
     """Each method of :data:`METHODS` on ``spec``, for a model of ``params`` float32 parameters.
 
     ``rates`` overrides link rates (``{"rack_uplink:0": 100.0}``); ``known`` is the topology the
     topology-aware plan is made from; ``window`` the steps a run times (default: one cycle);
-    ``plans`` the schedules, if :func:`schedules` already made them.
+    ``plans`` the schedules, if :func:`schedules` already made them; ``host_s_per_byte`` the
+    CPU's cost per byte of a ring edge (see :class:`Net`).
     """
-    net = Net(spec, latency_s=latency_s, rates=rates)
+    net = Net(spec, latency_s=latency_s, rates=rates, host_s_per_byte=host_s_per_byte)
     nbytes = BYTES_PER_PARAM * params
     plans = plans or schedules(spec, repeat, rates, known)
     domains = (known or topology_of(spec)).domains()

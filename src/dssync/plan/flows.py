@@ -64,7 +64,9 @@ class Net:
     ``rates`` overrides link rates by concrete name (``{"rack_uplink:0": 100.0}``); a rate of None
     is an unshaped link. ``latency_s`` is one message's latency through one switch; between racks
     a message crosses three (leaf, spine, leaf). ``goodput`` is the share of a link's rate that
-    carries data (default: TCP payload per full Ethernet frame).
+    carries data (default: TCP payload per full Ethernet frame). ``host_s_per_byte`` is what a
+    member's CPU spends on each byte it sends, receives and sums (the gamma term; 0 by default),
+    added to the ring's time.
     """
 
     def __init__(
@@ -73,9 +75,11 @@ class Net:
         latency_s: float = 50e-6,
         rates: dict[str, float | None] | None = None,
         goodput: float = GOODPUT,
+        host_s_per_byte: float = 0.0,
     ) -> None:
         self.spec = spec
         self.latency_s = latency_s
+        self.host_s_per_byte = host_s_per_byte
         self.world = spec.world_size
         self.host = np.arange(self.world) // spec.workers_per_host
         self.rack = self.host // spec.hosts_per_rack
@@ -134,7 +138,7 @@ class Net:
                 rows += links
                 cols += [j] * len(links)
                 hop = max(hop, self.hop_latency(a, b))
-            latency[j] = ring.steps * hop
+            latency[j] = ring.steps * hop + ring.nbytes * self.host_s_per_byte
         use = sparse.csr_matrix(
             (np.ones(len(rows)), (rows, cols)), shape=(len(self.caps), len(rings))
         )

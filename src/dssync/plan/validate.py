@@ -68,8 +68,36 @@ def probed_rates(text: str | None) -> dict[str, float | None]:
     return rates
 
 
-def compare(data: dict[str, Any], rates: str = "file", latency_s: float = 50e-6) -> list[Row]:
-    """One row per (scenario, method) of the bench file ``data``."""
+def host_cost(rows: Any, world: int) -> float:
+    """Seconds per byte a member's CPU spends in a pair's all_reduce, from ``dssync bench-sync --json``.
+
+    The raw all_reduce of a pair on unshaped local links is nearly all host work (copies, TCP on
+    loopback, the sum); the row measured with ``world`` ranks (as many as share the CPU in the
+    bench) is used, else the largest. A pair's member sends and receives M bytes.
+    """
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise UsageError("the host file is not a `dssync bench-sync --json` file; give that file")
+    pairs = [r for r in rows if r.get("group_size") == 2 and "raw_s" in r and "numel" in r]
+    if not pairs:
+        raise UsageError(
+            "the host file has no run with --group-size 2; run `dssync bench-sync "
+            "--group-size 2 --json FILE`"
+        )
+    same = [r for r in pairs if r.get("world_size") == world]
+    row = same[0] if same else max(pairs, key=lambda r: r.get("world_size", 0))
+    return float(row["raw_s"]) / (4 * float(row["numel"]))
+
+
+def compare(
+    data: dict[str, Any],
+    rates: str = "file",
+    latency_s: float = 50e-6,
+    host_s_per_byte: float = 0.0,
+) -> list[Row]:
+    """One row per (scenario, method) of the bench file ``data``.
+
+    ``host_s_per_byte`` adds the CPU's work per byte (see :func:`host_cost`); 0 leaves it out.
+    """
     settings = data.get("settings", {})
     params = int(settings.get("params", 0))
     if params < 1:
@@ -98,7 +126,16 @@ def compare(data: dict[str, Any], rates: str = "file", latency_s: float = 50e-6)
         known = topology_of(spec, probed) if probed else None
         for method, r in measured.items():
             sync = _predicted_sync(
-                spec, method, params, period, latency_s, link, settings, compute, known
+                spec,
+                method,
+                params,
+                period,
+                latency_s,
+                link,
+                settings,
+                compute,
+                known,
+                host_s_per_byte,
             )
             rows.append(
                 Row(scenario, method, r["iter_time_s"], compute + sync, r["sync_time_s"], sync)
@@ -133,13 +170,24 @@ def _predicted_sync(
     settings: dict[str, Any],
     compute: float,
     known: Topology | None,
+    host_s_per_byte: float = 0.0,
 ) -> float:
     warmup = int(settings.get("warmup", 3))
     total = int(settings.get("dynamic_steps" if spec.events else "steps", 30))
     window = range(warmup, max(total, warmup + 1))
 
     def sync(r: dict[str, float | None], plan_from: Topology | None) -> float:
-        got = predict(spec, params, 0.0, period, latency_s, r, plan_from, window)
+        got = predict(
+            spec,
+            params,
+            0.0,
+            period,
+            latency_s,
+            r,
+            plan_from,
+            window,
+            host_s_per_byte=host_s_per_byte,
+        )
         return next(p.sync_s for p in got if p.method == method)
 
     base = sync(rates, known)
@@ -156,9 +204,14 @@ def _predicted_sync(
     return mean_iter - compute
 
 
-def validate_table(data: dict[str, Any], rates: str = "file", latency_s: float = 50e-6) -> Table:
+def validate_table(
+    data: dict[str, Any],
+    rates: str = "file",
+    latency_s: float = 50e-6,
+    host_s_per_byte: float = 0.0,
+) -> Table:
     """Predicted against measured per scenario and method, with relative errors."""
-    rows = compare(data, rates, latency_s)
+    rows = compare(data, rates, latency_s, host_s_per_byte)
     if not rows:
         raise UsageError(
             "the bench file has no run of a shipped scenario to predict; "
@@ -167,7 +220,8 @@ def validate_table(data: dict[str, Any], rates: str = "file", latency_s: float =
     worst = max(rows, key=lambda r: abs(r.iter_error))
     t = Table(
         title=f"predicted vs measured, {int(data['settings']['params']):,} parameters "
-        f"(rates: {rates})",
+        f"(rates: {rates}"
+        + (f", host {host_s_per_byte * 1e9:.2f} ns/byte)" if host_s_per_byte else ")"),
         box=box.SIMPLE_HEAD,
         title_justify="left",
         pad_edge=False,
