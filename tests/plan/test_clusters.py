@@ -56,3 +56,9 @@ def test_written_topology_reads_back():
 def test_unknown_name_names_the_choices():
     with pytest.raises(UsageError, match="s2-inter-rack.*fat-tree"):
         cluster_for("no-such-cluster")
+
+
+def test_a_generated_fat_tree_grows_its_switches_past_1024_workers():
+    assert cluster_for("fat-tree", 1024).hosts_per_rack == 8
+    big = cluster_for("fat-tree", 2048)
+    assert big.world_size == 2048 and big.hosts_per_rack == 16

@@ -125,10 +125,16 @@ def rack_spine(
 
 
 def cluster_for(name_or_path: str, workers: int | None = None) -> ClusterSpec:
-    """A shipped name, a topology file, or a generator name (``fat-tree``, ``rack-spine``)."""
+    """A shipped name, a topology file, or a generator name (``fat-tree``, ``rack-spine``).
+
+    A generated fat-tree has 16-port switches up to 1,024 workers and the fewest ports that hold
+    more; generators default to 64 workers.
+    """
     if name_or_path in GENERATORS:
         n = 64 if workers is None else workers
-        return fat_tree(n) if name_or_path == "fat-tree" else rack_spine(n)
+        if name_or_path == "rack-spine":
+            return rack_spine(n)
+        return fat_tree(n, ports=16 if n <= 16**3 // 4 else _ports_for(n))
     try:
         spec = load_topology(name_or_path)
     except TopologyError as e:
