@@ -38,7 +38,12 @@ BYTES_PER_PARAM = 4  # float32
 
 @dataclass(frozen=True)
 class Prediction:
-    """One method's predicted iteration: ``sync_s`` of communication, ``iter_s`` in all."""
+    """One method's predicted iteration: ``sync_s`` of communication, ``iter_s`` in all.
+
+    Example::
+
+        Prediction("ddp", sync_s=1.12, iter_s=1.17)  # a 50 ms compute, then 1.12 s of all-reduce
+    """
 
     method: str
     sync_s: float

@@ -39,6 +39,12 @@ class Ring:
 
     ``Ring.allreduce(g, m)`` is a ring all-reduce of m bytes: 2(g-1)/g * m per edge, 2(g-1) steps.
     Other edge lists (a gather to a leader) can be given as ``edges``.
+
+    Example::
+
+        >>> r = Ring.allreduce([0, 1, 2, 3], 1_000_000)
+        >>> r.nbytes, r.steps, r.pairs()[-1]
+        (1500000.0, 6, (3, 0))
     """
 
     members: list[int]
@@ -67,6 +73,11 @@ class Net:
     carries data (default: TCP payload per full Ethernet frame). ``host_s_per_byte`` is what a
     member's CPU spends on each byte it sends, receives and sums (the gamma term; 0 by default),
     added to the ring's time.
+
+    Example::
+
+        net = Net(load_topology("s2-inter-rack"), rates={"rack_uplink:0": 100.0})
+        net.phase([Ring.allreduce([0, 4], 16e6), Ring.allreduce([1, 5], 16e6)])  # share uplink 0
     """
 
     def __init__(

@@ -34,7 +34,12 @@ BENCH_METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo")
 
 @dataclass(frozen=True)
 class Row:
-    """One (scenario, method): measured and predicted seconds per iteration and of sync."""
+    """One (scenario, method): measured and predicted seconds per iteration and of sync.
+
+    Example::
+
+        Row("s2-inter-rack", "ddp", 1.28, 1.21, 1.24, 1.17).iter_error  # -0.055: 5.5% low
+    """
 
     scenario: str
     method: str
