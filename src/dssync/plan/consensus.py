@@ -106,8 +106,10 @@ def consensus_steps(
 ) -> float:
     """Steps until the disagreement is ``eps`` of its start (an int, or inf if it never gets there).
 
-    Exact averaging is found step by step in the first cycles; otherwise the asymptotic rate per
-    cycle from ``cycles`` cycles of power iteration gives cycle * ln(eps) / ln(rate).
+    The count is the worst over the step of the cycle one starts at (disagreement arises at every
+    step of training, not only at the first). Exact averaging is found step by step in the first
+    cycles; otherwise the asymptotic rate per cycle from ``cycles`` cycles of power iteration
+    gives cycle * ln(eps) / ln(rate), refined to the worst-case count up to EXACT_UP_TO steps.
     """
     if world < 2:
         return 0
@@ -115,28 +117,53 @@ def consensus_steps(
     steps = _labels(schedule, world, cycle)
     if not connected(steps, world):
         return NEVER
+    phases = [steps[p:] + steps[:p] for p in range(cycle)]
+    exact = [_exact_within(order, world, 4, seed) for order in phases]
+    if all(e is not None for e in exact):
+        return max(exact)
+    rate_log = _rate_per_cycle(steps, world, cycles, seed)
+    if rate_log >= -1e-12:
+        return NEVER
+    guess = math.ceil(cycle * math.log(eps) / rate_log)
+    if guess > EXACT_UP_TO:
+        return guess
+    return max(worst_case_steps(order, world, eps, guess) for order in phases)
+
+
+def _exact_within(
+    steps: list[tuple[np.ndarray, np.ndarray]], world: int, cycles: int, seed: int
+) -> int | None:
+    """The step at which a random start reaches the exact mean, if it does within ``cycles``."""
+    x = np.random.default_rng(seed).standard_normal(world)
+    x -= x.mean()
+    start = np.linalg.norm(x)
+    for t in range(cycles * len(steps)):
+        x = _mix(x, *steps[t % len(steps)])
+        if np.linalg.norm(x - x.mean()) <= 1e-12 * start:
+            return t + 1
+    return None
+
+
+def _rate_per_cycle(
+    steps: list[tuple[np.ndarray, np.ndarray]], world: int, cycles: int, seed: int
+) -> float:
+    """ln of the asymptotic shrink per cycle of a random start's disagreement (power iteration)."""
     x = np.random.default_rng(seed).standard_normal(world)
     x -= x.mean()
     start = np.linalg.norm(x)
     log_norm, logs = 0.0, []
-    for m in range(cycles):
-        for i, (ids, sizes) in enumerate(steps):
+    for _ in range(cycles):
+        for ids, sizes in steps:
             x = _mix(x, ids, sizes)
-            if m < 4 and np.linalg.norm(x - x.mean()) <= 1e-12 * start:
-                return m * cycle + i + 1
         x -= x.mean()  # the mean is kept; only rounding error leaves it
         norm = float(np.linalg.norm(x))
         if norm == 0.0:
-            return (m + 1) * cycle
+            return -math.inf
         log_norm += math.log(norm / start)
         logs.append(log_norm)
         x *= start / norm
     half = cycles // 2
-    rate_log = (logs[-1] - logs[half - 1]) / (cycles - half)  # per cycle, past the transient
-    if rate_log >= -1e-12:
-        return NEVER
-    guess = math.ceil(cycle * math.log(eps) / rate_log)
-    return worst_case_steps(steps, world, eps, guess) if guess <= EXACT_UP_TO else guess
+    return (logs[-1] - logs[half - 1]) / (cycles - half)  # past the transient
 
 
 def product_norm(
