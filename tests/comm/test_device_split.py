@@ -54,6 +54,20 @@ def case_refuses_metadata() -> float:
     return float(ok.sum())
 
 
+def case_side_group() -> float:
+    """The twin of a strict group is gloo, made once; a gloo group is its own twin."""
+    from datetime import timedelta
+
+    from dssync.comm.side import side_group, timeout_of
+
+    side = side_group()
+    assert dist.get_backend(side) == "gloo" and side is not dist.group.WORLD
+    assert side_group() is side
+    gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=17))
+    assert side_group(gloo) is gloo and timeout_of(gloo) == timedelta(seconds=17)
+    return 0.0
+
+
 def case_fingerprint_check() -> float:
     from dssync.comm.consensus import fingerprint_check
 

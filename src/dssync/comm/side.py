@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 _SIDE: dict[dist.ProcessGroup, dist.ProcessGroup] = {}
@@ -41,6 +42,8 @@ def side_group(
 
     The first call for a group is collective: every rank of ``group`` must make it, in the same
     order relative to other group creations (as with ``dist.new_group``). Later calls are free.
+    The twin's timeout is ``timeout_s`` if given, else the training group's own (so a lost peer
+    fails a metadata exchange as soon as it would fail training), else torch's default.
     """
     pg = group if group is not None else dist.group.WORLD
     if dist.get_backend(pg) == dist.Backend.GLOO:
@@ -48,11 +51,24 @@ def side_group(
     if pg not in _SIDE:
         ranks = dist.get_process_group_ranks(pg)
         local = len(ranks) != dist.get_world_size()
-        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        timeout = timedelta(seconds=timeout_s) if timeout_s else timeout_of(pg)
         _SIDE[pg] = dist.new_group(
             ranks, backend="gloo", timeout=timeout, use_local_synchronization=local
         )
     return _SIDE[pg]
+
+
+def timeout_of(group: dist.ProcessGroup) -> timedelta | None:
+    """The timeout ``group`` was made with, where its backend tells (gloo, nccl); else None."""
+    for device_type in getattr(group, "_device_types", []):
+        try:
+            backend = group._get_backend(torch.device(device_type))
+            timeout = backend.options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
 
 
 def forget_side_groups() -> None:
