@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.launch import spawn
-from dssync.strategies.bsp import BSP, covered
+from dssync.strategies.bsp import BSP, _seconds, covered
 
 WORLD = 2
 STEPS = 3
@@ -56,3 +56,22 @@ def test_covered_merges_overlapping_spans():
     assert covered([]) == 0.0
     assert covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == pytest.approx(4.0)
     assert covered([(1.0, 4.0), (2.0, 3.0)]) == pytest.approx(3.0)  # one inside another
+
+
+class _Event:
+    """Stands in for a CUDA event: a time in seconds, and whether it was waited for."""
+
+    def __init__(self, t: float) -> None:
+        self.t, self.waited = t, False
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+    def elapsed_time(self, other: _Event) -> float:
+        return (other.t - self.t) * 1e3  # milliseconds, as torch.cuda.Event
+
+
+def test_cuda_spans_are_waited_for_and_merged_on_one_axis():
+    spans = [(_Event(1.0), _Event(1.5)), (_Event(1.2), _Event(2.0)), (_Event(3.0), _Event(3.25))]
+    assert covered(_seconds(spans)) == pytest.approx(1.25)
+    assert all(end.waited for _, end in spans)
