@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from dssync.bench.cluster_bench import recovery
-from dssync.bench.cluster_bounds import lower_bound
+from dssync.bench.bounds import lower_bound
+from dssync.bench.timings import recovery
 from dssync.cli import main
-from dssync.cluster import ClusterError, load_topology, require_root_and_tools
+from dssync.cluster import ClusterError, load_cluster, require_root_and_tools
 
 
 def _root_reason() -> str | None:
@@ -22,7 +22,7 @@ def _root_reason() -> str | None:
 
 def test_lower_bounds_follow_the_bottleneck():
     m = 40e6
-    s2, s3 = load_topology("s2-inter-rack"), load_topology("s3-slow-host")
+    s2, s3 = load_cluster("s2-inter-rack"), load_cluster("s3-slow-host")
     assert lower_bound(s2, "ddp", m) == pytest.approx(2 * 7 / 8 * m * 8 / 200e6)
     assert lower_bound(s3, "ddp", m) == pytest.approx(2 * 7 / 8 * m * 8 / 100e6)
     assert lower_bound(s2, "dssync-topo", m) < lower_bound(s2, "ddp", m) / 3

@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from dssync.bench.straggler import METHODS, StragglerSettings, straggler_bench
 from dssync.cli.output import console, fmt_ms, write_json
+from dssync.experiments.straggler import DEFAULT_METHODS, StragglerSettings, straggler_bench
+from dssync.methods import choices, parse_methods
 from dssync.workloads import WORKLOADS
 
 
@@ -18,8 +19,8 @@ from dssync.workloads import WORKLOADS
 @click.option("--slow-ms", type=click.FloatRange(min=0, min_open=True), default=20.0, show_default=True,
               help="Sleep added to every step of --slow-rank.")
 @click.option("--steps", type=click.IntRange(5), default=60, show_default=True)
-@click.option("--methods", default="dssync,dssync-static,bsp", show_default=True,
-              help=f"Comma-separated, from: {', '.join(METHODS)}.")
+@click.option("--methods", default=",".join(DEFAULT_METHODS), show_default=True,
+              help=f"Comma-separated, from: {', '.join(choices())}.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 def bench_straggler(workload, workers, group_size, slow_rank, slow_ms, steps, methods, json_path) -> None:
     """Slowdown of the other workers' iteration time when one worker is slow, DS-Sync against DDP."""
@@ -28,7 +29,7 @@ def bench_straggler(workload, workers, group_size, slow_rank, slow_ms, steps, me
                                  param_hint="--group-size")
     settings = StragglerSettings(workload=workload, workers=workers, group_size=group_size,
                                  slow_rank=slow_rank, slow_ms=slow_ms, steps=steps,
-                                 methods=tuple(m.strip() for m in methods.split(",") if m.strip()))
+                                 methods=tuple(parse_methods(methods)))
     rows = straggler_bench(settings)
     table = Table(title=f"{workload}, {workers} workers, rank {slow_rank} +{slow_ms:g} ms/step, {steps} steps "
                         "(mean iteration time of the other ranks)")

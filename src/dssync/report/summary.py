@@ -53,3 +53,15 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
         "consensus_distance": _mean([r["consensus_distance"] for r in runs]),
         "train_time_s": _mean([r["train_time_s"] for r in runs]),
     }
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], target: float | None = None,
+              reference: str = "bsp") -> dict[str, Any]:
+    """Per-method figures. The target defaults to the reference method's mean final metric."""
+    source = "given"
+    if target is None:
+        ref = runs.get(reference) or next(iter(runs.values()))
+        target = sum(r["final_metric"] for r in ref) / len(ref)
+        source = f"mean final metric of {reference if reference in runs else next(iter(runs))}"
+    return {"target": target, "target_source": source,
+            "methods": {m: method_summary(rs, target) for m, rs in runs.items()}}

@@ -1,4 +1,4 @@
-"""Tables and plots of ``dssync bench`` results."""
+"""Tables and plots of ``dssync bench`` results (see :mod:`dssync.experiments.cluster_bench`)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def bench_table(results: dict[str, dict[str, Any]], params: int) -> Table:
     return t
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 def bench_plot(results: dict[str, dict[str, Any]], path: str | Path) -> None:
@@ -49,7 +49,9 @@ def bench_plot(results: dict[str, dict[str, Any]], path: str | Path) -> None:
         ys = [results[s][m]["iter_time_s"] for s in scenarios if m in results[s]]
         lb = [results[s][m]["lower_bound_s"] for s in scenarios if m in results[s]]
         ax.bar(xs, ys, width, label=m)
-        ax.scatter(xs, lb, marker="_", color="black", s=200, zorder=3)
+        ticks = [(x, b) for x, b in zip(xs, lb, strict=True) if b is not None]
+        if ticks:
+            ax.scatter(*zip(*ticks, strict=True), marker="_", color="black", s=200, zorder=3)
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(scenarios))], scenarios, fontsize=8)
     ax.set_ylabel("seconds per iteration (black tick: link-rate lower bound)")
     ax.set_yscale("log")
