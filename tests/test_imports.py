@@ -131,5 +131,20 @@ def test_lower_layers_never_import_upper_ones(upper):
     assert stale == [], "these imports are gone: remove them from KNOWN_UPWARD"
 
 
+# The README's layout, lowest first: each imports only from those before it.
+LAYERS = ["errors", "schedules", "comm", "topology", "strategies", "methods", "workloads", "launch",
+          "train", "cluster", "bench", "experiments", "report", "cli"]
+TYPE_ONLY = {"dssync.methods -> dssync.train.config"}  # TrainConfig named in annotations only
+
+
+def test_each_layer_imports_only_the_ones_below_it():
+    rank = {f"dssync.{name}": i for i, name in enumerate(LAYERS)}
+    wrong = {f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
+             if _folder(m) in rank and _folder(t) in rank and rank[_folder(t)] > rank[_folder(m)]}
+    assert sorted(wrong - TYPE_ONLY - KNOWN_UPWARD) == []
+    unplaced = {_folder(m) for m in MODULES} - set(rank) - {"dssync", "dssync.__main__"}
+    assert not unplaced, "add these folders to LAYERS and to the README's layout section"
+
+
 def _folder(module: str) -> str:
     return ".".join(module.split(".")[:2])
