@@ -24,9 +24,12 @@ UPPER = ("dssync.cli", "dssync.experiments", "dssync.bench", "dssync.cluster")
 # (the tests below fail on a stale entry, so this list can only shrink).
 KNOWN_CYCLES = [["dssync.train.config", "dssync.train.resume"]]
 KNOWN_UPWARD = {"dssync.train.worker -> dssync.cli.output"}
-MAY_USE = {"dssync.cli": UPPER,
-           "dssync.experiments": ("dssync.experiments", "dssync.bench", "dssync.cluster"),
-           "dssync.bench": ("dssync.bench", "dssync.cluster"), "dssync.cluster": ("dssync.cluster",)}
+MAY_USE = {
+    "dssync.cli": UPPER,
+    "dssync.experiments": ("dssync.experiments", "dssync.bench", "dssync.cluster"),
+    "dssync.bench": ("dssync.bench", "dssync.cluster"),
+    "dssync.cluster": ("dssync.cluster",),
+}
 
 
 def module_name(path: Path) -> str:
@@ -122,25 +125,52 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize("upper", UPPER)
 def test_lower_layers_never_import_upper_ones(upper):
-    wrong = {f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
-             if (t == upper or t.startswith(upper + "."))
-             and upper not in MAY_USE.get(_folder(m), ()) and m != "dssync.__main__"}
+    wrong = {
+        f"{m} -> {t}"
+        for m, ts in GRAPH.items()
+        for t in ts
+        if (t == upper or t.startswith(upper + "."))
+        and upper not in MAY_USE.get(_folder(m), ())
+        and m != "dssync.__main__"
+    }
     assert sorted(wrong - KNOWN_UPWARD) == []
-    stale = sorted(k for k in KNOWN_UPWARD if k.endswith(f"-> {upper}") or f"-> {upper}." in k
-                   if k not in wrong)
+    stale = sorted(
+        k
+        for k in KNOWN_UPWARD
+        if k.endswith(f"-> {upper}") or f"-> {upper}." in k
+        if k not in wrong
+    )
     assert stale == [], "these imports are gone: remove them from KNOWN_UPWARD"
 
 
 # The README's layout, lowest first: each imports only from those before it.
-LAYERS = ["errors", "schedules", "comm", "topology", "strategies", "methods", "workloads", "launch",
-          "train", "cluster", "bench", "experiments", "report", "cli"]
+LAYERS = [
+    "errors",
+    "schedules",
+    "comm",
+    "topology",
+    "strategies",
+    "methods",
+    "workloads",
+    "launch",
+    "train",
+    "cluster",
+    "bench",
+    "experiments",
+    "report",
+    "cli",
+]
 TYPE_ONLY = {"dssync.methods -> dssync.train.config"}  # TrainConfig named in annotations only
 
 
 def test_each_layer_imports_only_the_ones_below_it():
     rank = {f"dssync.{name}": i for i, name in enumerate(LAYERS)}
-    wrong = {f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
-             if _folder(m) in rank and _folder(t) in rank and rank[_folder(t)] > rank[_folder(m)]}
+    wrong = {
+        f"{m} -> {t}"
+        for m, ts in GRAPH.items()
+        for t in ts
+        if _folder(m) in rank and _folder(t) in rank and rank[_folder(t)] > rank[_folder(m)]
+    }
     assert sorted(wrong - TYPE_ONLY - KNOWN_UPWARD) == []
     unplaced = {_folder(m) for m in MODULES} - set(rank) - {"dssync", "dssync.__main__"}
     assert not unplaced, "add these folders to LAYERS and to the README's layout section"

@@ -31,7 +31,9 @@ def test_every_name_resolves_and_aliases_keep_old_names():
 
 
 def test_unknown_name_is_a_usage_error_listing_the_known_ones():
-    with pytest.raises(UsageError, match="unknown method 'telepathy'; choose from dssync, bsp") as info:
+    with pytest.raises(
+        UsageError, match="unknown method 'telepathy'; choose from dssync, bsp"
+    ) as info:
         get_method("telepathy")
     assert all(n in str(info.value) for n in choices())
     with pytest.raises(UsageError, match="carrier-pigeon"):

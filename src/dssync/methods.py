@@ -68,49 +68,89 @@ def _bucket_bytes(cfg: TrainConfig) -> int:
     return int(cfg.bucket_mb * 2**20)
 
 
-def _dssync(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer,
-            topology: Topology | None) -> Strategy:
+def _dssync(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
     schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
-    return DSSync(module, schedule=schedule, optimizer=opt if cfg.average_momentum else None,
-                  bucket_bytes=_bucket_bytes(cfg), timeout_s=cfg.timeout_s)
+    return DSSync(
+        module,
+        schedule=schedule,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
 
 
-def _bsp(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer,
-         topology: Topology | None) -> Strategy:
+def _bsp(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
     return BSP(module, bucket_cap_mb=cfg.bucket_mb)
 
 
-def _local_sgd(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer,
-               topology: Topology | None) -> Strategy:
+def _local_sgd(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
     return LocalSGD(module, period=cfg.local_sgd_period, bucket_bytes=_bucket_bytes(cfg))
 
 
-def _hierarchical(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer,
-                  topology: Topology | None) -> Strategy:
+def _hierarchical(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
     return Hierarchical(module, topology, bucket_bytes=_bucket_bytes(cfg))
 
 
-def _dssync_topo(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer,
-                 topology: Topology | None) -> Strategy:
-    return AdaptiveDSSync(module, topology, period=cfg.period or 8, group_size=cfg.group_size,
-                          seed=cfg.seed, optimizer=opt if cfg.average_momentum else None,
-                          bucket_bytes=_bucket_bytes(cfg), timeout_s=cfg.timeout_s)
+def _dssync_topo(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return AdaptiveDSSync(
+        module,
+        topology,
+        period=cfg.period or 8,
+        group_size=cfg.group_size,
+        seed=cfg.seed,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
 
 
-METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("dssync", "DS-Sync: average within groups that change every step (--schedule)",
-           _dssync),
-    Method("bsp", "DDP: all-reduce of gradients every step (bulk synchronous)", _bsp,
-           aliases=("ddp",)),
-    Method("local-sgd", "local SGD: global parameter average every --local-sgd-period steps",
-           _local_sgd),
-    Method("hierarchical", "all-reduce inside each host or rack, then between their leaders",
-           _hierarchical, needs=frozenset({TOPOLOGY})),
-    Method("dssync-topo", "DS-Sync with topology-aware groups, re-planned from sync timings",
-           _dssync_topo, needs=frozenset({TOPOLOGY, RATES})),
-    Method("dssync-static", "DS-Sync on fixed groups that never shuffle (ablation)", _dssync,
-           settings={"schedule": "static"}),
-]}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method(
+            "dssync", "DS-Sync: average within groups that change every step (--schedule)", _dssync
+        ),
+        Method(
+            "bsp",
+            "DDP: all-reduce of gradients every step (bulk synchronous)",
+            _bsp,
+            aliases=("ddp",),
+        ),
+        Method(
+            "local-sgd",
+            "local SGD: global parameter average every --local-sgd-period steps",
+            _local_sgd,
+        ),
+        Method(
+            "hierarchical",
+            "all-reduce inside each host or rack, then between their leaders",
+            _hierarchical,
+            needs=frozenset({TOPOLOGY}),
+        ),
+        Method(
+            "dssync-topo",
+            "DS-Sync with topology-aware groups, re-planned from sync timings",
+            _dssync_topo,
+            needs=frozenset({TOPOLOGY, RATES}),
+        ),
+        Method(
+            "dssync-static",
+            "DS-Sync on fixed groups that never shuffle (ablation)",
+            _dssync,
+            settings={"schedule": "static"},
+        ),
+    ]
+}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
 
 
@@ -154,8 +194,12 @@ def configure(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, **get_method(cfg.sync).settings)
 
 
-def build_strategy(cfg: TrainConfig, module: nn.Module, optimizer: torch.optim.Optimizer,
-                   topology: Topology | None = None) -> Strategy:
+def build_strategy(
+    cfg: TrainConfig,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    topology: Topology | None = None,
+) -> Strategy:
     """The strategy ``cfg.sync`` names, wrapping ``module``.
 
     A method that needs the topology detects it when ``topology`` is None.

@@ -49,11 +49,16 @@ def busiest_s(loads: dict[tuple[str, str], float], rates: dict[str, float | None
     return max(times, default=0.0)
 
 
-def schedule_bound(spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int,
-                   rates: dict[str, float | None]) -> float:
+def schedule_bound(
+    spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
+) -> float:
     """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
-    sends = [s for t in range(steps) for g in schedule.partition(t, spec.world_size)
-             for s in ring_allreduce(g, nbytes)]
+    sends = [
+        s
+        for t in range(steps)
+        for g in schedule.partition(t, spec.world_size)
+        for s in ring_allreduce(g, nbytes)
+    ]
     return busiest_s(link_loads(spec, sends), rates) / steps
 
 
@@ -73,8 +78,13 @@ def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float 
     return sum(busiest_s(link_loads(spec, phase), rates) for phase in (reduce, leaders, bcast))
 
 
-def lower_bound(spec: ClusterSpec, method: str, nbytes: float, period: int = 8,
-                rates: dict[str, float | None] | None = None) -> float | None:
+def lower_bound(
+    spec: ClusterSpec,
+    method: str,
+    nbytes: float,
+    period: int = 8,
+    rates: dict[str, float | None] | None = None,
+) -> float | None:
     """Seconds per iteration that the link rates allow ``method`` at best (sync only).
 
     None for a method with no model here (its bound is not worked out).
@@ -82,7 +92,9 @@ def lower_bound(spec: ClusterSpec, method: str, nbytes: float, period: int = 8,
     rates = rates or spec.link_rates()
     method = get_method(method).name
     if method == "bsp":
-        return busiest_s(link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates)
+        return busiest_s(
+            link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates
+        )
     if method == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if method == "dssync":

@@ -32,12 +32,15 @@ def device_for(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+        )
     return torch.device(name)
 
 
-def build(cfg: TrainConfig, model: FlatModel, optimizer: torch.optim.Optimizer,
-          probe: bool) -> tuple[Strategy, dict]:
+def build(
+    cfg: TrainConfig, model: FlatModel, optimizer: torch.optim.Optimizer, probe: bool
+) -> tuple[Strategy, dict]:
     """The strategy for ``cfg.sync`` and facts worth reporting (topology, detection time).
 
     A method that needs the topology gets it detected here (with a bandwidth probe when asked
@@ -95,8 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     init_from_env(backend="gloo", timeout_s=a.timeout)
     try:
-        cfg = TrainConfig(sync=a.method, schedule="shuffle", group_size=2, period=a.period, seed=0,
-                          timeout_s=a.timeout, device=a.device)
+        cfg = TrainConfig(
+            sync=a.method,
+            schedule="shuffle",
+            group_size=2,
+            period=a.period,
+            seed=0,
+            timeout_s=a.timeout,
+            device=a.device,
+        )
         run(cfg, a.params, a.steps, a.warmup, a.probe, a.out)
         dist.barrier()  # every rank has written its timings
     finally:

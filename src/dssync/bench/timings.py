@@ -24,17 +24,28 @@ def summarize(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         rec = r["records"]
         paces.append((rec[-1][1] - rec[warmup][0]) / (len(rec) - warmup))
         syncs.append(statistics.fmean(x[2] for x in rec[warmup:]))
-    ends = [statistics.fmean(r["records"][i][1] for r in ranks) for i in range(len(ranks[0]["records"]))]
+    ends = [
+        statistics.fmean(r["records"][i][1] for r in ranks) for i in range(len(ranks[0]["records"]))
+    ]
     start = statistics.fmean(r["records"][0][0] for r in ranks)
-    timeline = [{"step": i, "end": e, "iter_s": e - (ends[i - 1] if i else start)} for i, e in enumerate(ends)]
-    out = {"iter_time_s": statistics.fmean(paces), "sync_time_s": statistics.fmean(syncs),
-           "slowest_rank_iter_time_s": max(paces), "timeline": timeline,
-           "switches": ranks[0].get("switches", []), "topology": ranks[0].get("topology")}
+    timeline = [
+        {"step": i, "end": e, "iter_s": e - (ends[i - 1] if i else start)}
+        for i, e in enumerate(ends)
+    ]
+    out = {
+        "iter_time_s": statistics.fmean(paces),
+        "sync_time_s": statistics.fmean(syncs),
+        "slowest_rank_iter_time_s": max(paces),
+        "timeline": timeline,
+        "switches": ranks[0].get("switches", []),
+        "topology": ranks[0].get("topology"),
+    }
     return out
 
 
-def recovery(timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int,
-             period: int) -> dict[str, Any]:
+def recovery(
+    timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int, period: int
+) -> dict[str, Any]:
     """Paces before, during and after contention, and how many steps the pace took to come back."""
     if len(applied) < 2:
         return {"recovery_steps": None, "recovery_periods": None}
@@ -51,7 +62,11 @@ def recovery(timeline: list[dict[str, Any]], applied: list[tuple[float, float]],
                 back = k
                 break
     steps = None if back is None else back - off
-    return {"contention_steps": [on, off], "pre_contention_iter_s": pre, "contention_iter_s": during,
-            "post_contention_iter_s": statistics.median(iters[back:]) if back is not None else None,
-            "recovery_steps": steps, "recovery_periods": None if steps is None else steps / period}
-
+    return {
+        "contention_steps": [on, off],
+        "pre_contention_iter_s": pre,
+        "contention_iter_s": during,
+        "post_contention_iter_s": statistics.median(iters[back:]) if back is not None else None,
+        "recovery_steps": steps,
+        "recovery_periods": None if steps is None else steps / period,
+    }

@@ -154,14 +154,18 @@ class ClusterSpec:
     def topology(self) -> Topology:
         """The exact :class:`~dssync.topology.Topology` of this cluster (rates as configured)."""
         ranks = range(self.world_size)
-        plain = Topology(hosts=tuple(self.host_of_rank(r) for r in ranks),
-                         racks=tuple(self.rack_of_rank(r) for r in ranks))
+        plain = Topology(
+            hosts=tuple(self.host_of_rank(r) for r in ranks),
+            racks=tuple(self.rack_of_rank(r) for r in ranks),
+        )
         host_mbit = {h: self.host_rate(h) for h in range(self.num_hosts)}
         return plain.with_rates(host_mbit, self.rack_uplink_mbit if self.has_core else None)
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
-            raise ClusterSpecError(f"rank {rank} does not exist; ranks are 0..{self.world_size - 1}")
+            raise ClusterSpecError(
+                f"rank {rank} does not exist; ranks are 0..{self.world_size - 1}"
+            )
 
     def _check_host(self, host: int) -> None:
         if not 0 <= host < self.num_hosts:

@@ -29,7 +29,12 @@ from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_cluster
 from dssync.methods import get_method
 
 SCENARIOS = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
-METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo")  # the default set (names from dssync.methods)
+METHODS = (
+    "ddp",
+    "hierarchical",
+    "dssync",
+    "dssync-topo",
+)  # the default set (names from dssync.methods)
 
 
 @dataclass
@@ -52,8 +57,12 @@ class BenchSettings:
     device: str = "auto"
 
 
-def run_bench(scenarios: list[str], methods: list[str], settings: BenchSettings,
-              log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+def run_bench(
+    scenarios: list[str],
+    methods: list[str],
+    settings: BenchSettings,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
     """Results by scenario, then by method; see :func:`summarize` for the keys."""
     for method in methods:
         get_method(method)  # before any cluster is built
@@ -81,15 +90,34 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         f.unlink()
     for link, rate in spec.link_rates().items():
         cluster.set_rate(link, rate)
-    argv = [sys.executable, "-m", "dssync.bench.cluster_worker", "--method", method,
-            "--params", str(s.params), "--steps", str(steps), "--warmup", str(s.warmup),
-            "--period", str(s.period), "--timeout", str(min(s.timeout_s, 300.0)), "--out", str(work),
-            "--device", s.device]
+    argv = [
+        sys.executable,
+        "-m",
+        "dssync.bench.cluster_worker",
+        "--method",
+        method,
+        "--params",
+        str(s.params),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(s.warmup),
+        "--period",
+        str(s.period),
+        "--timeout",
+        str(min(s.timeout_s, 300.0)),
+        "--out",
+        str(work),
+        "--device",
+        s.device,
+    ]
     if s.probe:
         argv.append("--probe")
     before = cluster.link_bytes()
     workers = cluster.launch(argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs")
-    events = _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
+    events = (
+        _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
+    )
     try:
         result = workers.wait(s.timeout_s)
     finally:
@@ -99,7 +127,9 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
             cluster.set_rate(link, rate)
     moved = diff(cluster.link_bytes(), before)
     if not result.ok:
-        raise ClusterError(f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}")
+        raise ClusterError(
+            f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}"
+        )
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
     out = summarize(ranks, s.warmup)
     nbytes = 4 * s.params
@@ -135,8 +165,11 @@ class _EventsWhenWarm:
                 except (ValueError, KeyError):
                     continue
                 self.started_at = time.monotonic()
-                self.scenario = Scenario(self.cluster.set_rate, self.cluster.spec.events,
-                                         duration_s=pace * self.steps_left).start()
+                self.scenario = Scenario(
+                    self.cluster.set_rate,
+                    self.cluster.spec.events,
+                    duration_s=pace * self.steps_left,
+                ).start()
                 return
 
     def stop(self) -> None:

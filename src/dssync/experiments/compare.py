@@ -12,8 +12,13 @@ from dssync.train.config import TrainConfig
 OnRun = Callable[[str, int, dict[str, Any]], None]
 
 
-def compare(base: TrainConfig, methods: list[str], seeds: list[int], runner: Runner,
-            on_run: OnRun | None = None) -> dict[str, list[dict[str, Any]]]:
+def compare(
+    base: TrainConfig,
+    methods: list[str],
+    seeds: list[int],
+    runner: Runner,
+    on_run: OnRun | None = None,
+) -> dict[str, list[dict[str, Any]]]:
     """Every method with every seed; returns the runs of each method.
 
     ``on_run(method, seed, summary)`` is called after each run (progress lines).

@@ -46,9 +46,20 @@ def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:
     for m in s.methods:
         get_method(m)
     if not 0 <= s.slow_rank < s.workers:
-        raise UsageError(f"--slow-rank {s.slow_rank} does not exist with {s.workers} workers; use 0 to {s.workers - 1}")
-    base = TrainConfig(workload=s.workload, group_size=s.group_size, epochs=10**6, max_steps=s.steps, eval_every=10**9,
-                       seed=s.seed, timeout_s=s.timeout_s, progress=False, slow_rank=s.slow_rank)
+        raise UsageError(
+            f"--slow-rank {s.slow_rank} does not exist with {s.workers} workers; use 0 to {s.workers - 1}"
+        )
+    base = TrainConfig(
+        workload=s.workload,
+        group_size=s.group_size,
+        epochs=10**6,
+        max_steps=s.steps,
+        eval_every=10**9,
+        seed=s.seed,
+        timeout_s=s.timeout_s,
+        progress=False,
+        slow_rank=s.slow_rank,
+    )
     rows = []
     for m in s.methods:
         times = {}
@@ -59,8 +70,19 @@ def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:
         others = [r for r in range(s.workers) if r != s.slow_rank]
         plain = float(np.mean([times["plain"][r] for r in others]))
         slow = float(np.mean([times["straggler"][r] for r in others]))
-        rows.append({"method": m, "workers": s.workers, "slow_rank": s.slow_rank, "slow_ms": s.slow_ms,
-                     "steps": s.steps, "others_iter_s": plain, "others_iter_straggler_s": slow,
-                     "slowdown": slow / plain, "added_ms": (slow - plain) * 1000,
-                     "rank_iter_s": times["plain"], "rank_iter_straggler_s": times["straggler"]})
+        rows.append(
+            {
+                "method": m,
+                "workers": s.workers,
+                "slow_rank": s.slow_rank,
+                "slow_ms": s.slow_ms,
+                "steps": s.steps,
+                "others_iter_s": plain,
+                "others_iter_straggler_s": slow,
+                "slowdown": slow / plain,
+                "added_ms": (slow - plain) * 1000,
+                "rank_iter_s": times["plain"],
+                "rank_iter_straggler_s": times["straggler"],
+            }
+        )
     return rows
