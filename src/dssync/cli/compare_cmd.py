@@ -12,7 +12,7 @@ from dssync.cli.output import console, write_json
 from dssync.cli.train_cmd import training_options
 from dssync.experiments.compare import compare
 from dssync.experiments.runners import runner_for
-from dssync.methods import help_text, parse_methods
+from dssync.methods import get_method, help_text, parse_methods
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
 from dssync.report.summary import summarize
 from dssync.train import TrainConfig
@@ -158,7 +158,8 @@ def compare_cmd(
             f"comparing {', '.join(methods)} on {workload}, {seeds} seed(s), {runner.where}"
         )
         runs = compare(base, methods, list(range(seeds)), runner, on_run=done)
-    summary = summarize(runs, target)
+    bsp = next((m for m in methods if get_method(m).name == "bsp"), "bsp")  # "ddp" too
+    summary = summarize(runs, target, reference=bsp)
     meta = {
         "workload": workload,
         "workers": runner.workers,
