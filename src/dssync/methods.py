@@ -5,8 +5,8 @@ from a :class:`~dssync.train.TrainConfig`, a module and its optimizer, and what 
 job beyond that (the topology; measured link rates). ``dssync train --sync``, ``dssync compare
 --methods``, ``dssync bench --method`` and ``dssync bench-straggler --methods`` all read it.
 
-To add a method, write its strategy (one file in ``strategies/``) and one :class:`Method` line in
-``METHODS`` below.
+To add a method, write its strategy (one file in ``strategies/``), a builder here, and one
+:class:`Method` line in ``_TABLE`` below.
 
 Example::
 
@@ -114,43 +114,34 @@ def _dssync_topo(
     )
 
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in [
-        Method(
-            "dssync", "DS-Sync: average within groups that change every step (--schedule)", _dssync
-        ),
-        Method(
-            "bsp",
-            "DDP: all-reduce of gradients every step (bulk synchronous)",
-            _bsp,
-            aliases=("ddp",),
-        ),
-        Method(
-            "local-sgd",
-            "local SGD: global parameter average every --local-sgd-period steps",
-            _local_sgd,
-        ),
-        Method(
-            "hierarchical",
-            "all-reduce inside each host or rack, then between their leaders",
-            _hierarchical,
-            needs=frozenset({TOPOLOGY}),
-        ),
-        Method(
-            "dssync-topo",
-            "DS-Sync with topology-aware groups, re-planned from sync timings",
-            _dssync_topo,
-            needs=frozenset({TOPOLOGY, RATES}),
-        ),
-        Method(
-            "dssync-static",
-            "DS-Sync on fixed groups that never shuffle (ablation)",
-            _dssync,
-            settings={"schedule": "static"},
-        ),
-    ]
-}
+_TOPO = frozenset({TOPOLOGY})
+_TOPO_RATES = frozenset({TOPOLOGY, RATES})
+
+# The table. Each line: name, what it does (shown in --help), builder, and what it needs.
+_TABLE = [
+    Method("dssync", "DS-Sync: average within groups that change every step", _dssync),
+    Method("bsp", "DDP: all-reduce of gradients every step", _bsp, aliases=("ddp",)),
+    Method("local-sgd", "local SGD: global average of parameters every few steps", _local_sgd),
+    Method(
+        "hierarchical",
+        "all-reduce in each host or rack, then among leaders",
+        _hierarchical,
+        needs=_TOPO,
+    ),
+    Method(
+        "dssync-topo",
+        "DS-Sync with topology-aware groups, re-planned from timings",
+        _dssync_topo,
+        needs=_TOPO_RATES,
+    ),
+    Method(
+        "dssync-static",
+        "DS-Sync on fixed groups that never shuffle (ablation)",
+        _dssync,
+        settings={"schedule": "static"},
+    ),
+]
+METHODS: dict[str, Method] = {m.name: m for m in _TABLE}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
 
 
