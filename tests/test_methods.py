@@ -84,3 +84,21 @@ def test_builders_build_the_named_strategy_with_the_config():
     assert built["hierarchical"] == (Hierarchical.__name__, " topology given: True")
     assert built["dssync-topo"][0] == AdaptiveDSSync.__name__
     assert built["dssync-topo"][1].endswith("topology given: True replan every 4")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "--methods", "bsp,telepathy"],
+        ["bench", "--method", "telepathy", "--scenario", "tiny"],
+        ["bench-straggler", "--methods", "telepathy"],
+    ],
+)
+def test_every_command_reports_an_unknown_method_the_same_way(args, capsys):
+    from dssync.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: unknown method 'telepathy'; choose from {', '.join(choices())}"]

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from dssync.cli.output import console, write_json
 from dssync.cli.train_cmd import training_options
@@ -14,7 +13,7 @@ from dssync.experiments.compare import compare
 from dssync.experiments.runners import runner_for
 from dssync.methods import get_method, help_text, parse_methods
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
-from dssync.report.summary import summarize
+from dssync.report.summary import summarize, summary_table
 from dssync.train import TrainConfig
 from dssync.train.config import validate
 
@@ -181,32 +180,5 @@ def compare_cmd(
     write_json(out / "summary.json", {**summary, "meta": meta})
     if json_path:
         write_json(json_path, {**summary, "meta": meta})
-    console.print(_table(summary))
+    console.print(summary_table(summary))
     console.print(f"report written to {out}/summary.md")
-
-
-def _table(summary: dict) -> Table:
-    t = Table(title=f"target {summary['target']:.4f} ({summary['target_source']})")
-    for col in [
-        "method",
-        "final (mean ± std)",
-        "SWA",
-        "time to target",
-        "it/s",
-        "sync/it",
-        "consensus",
-    ]:
-        t.add_column(col, justify="left" if col == "method" else "right")
-    for name, m in summary["methods"].items():
-        ttt = "n/a" if m["time_to_target_s"] is None else f"{m['time_to_target_s']:.2f} s"
-        swa = "n/a" if m["swa_metric"] is None else f"{m['swa_metric']:.4f}"
-        t.add_row(
-            name,
-            f"{m['final_metric']:.4f} ± {m['final_metric_std']:.4f}",
-            swa,
-            ttt,
-            f"{m['iterations_per_s']:.1f}",
-            f"{m['sync_time_s'] * 1000:.2f} ms",
-            f"{m['consensus_distance']:.2e}",
-        )
-    return t

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from rich.table import Table
+
 
 def time_to_target(
     evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool
@@ -77,3 +79,31 @@ def summarize(
         "target_source": source,
         "methods": {m: method_summary(rs, target) for m, rs in runs.items()},
     }
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The comparison as a terminal table: one row per method (what `dssync compare` prints)."""
+    t = Table(title=f"target {summary['target']:.4f} ({summary['target_source']})")
+    for col in [
+        "method",
+        "final (mean ± std)",
+        "SWA",
+        "time to target",
+        "it/s",
+        "sync/it",
+        "consensus",
+    ]:
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in summary["methods"].items():
+        ttt = "n/a" if m["time_to_target_s"] is None else f"{m['time_to_target_s']:.2f} s"
+        swa = "n/a" if m["swa_metric"] is None else f"{m['swa_metric']:.4f}"
+        t.add_row(
+            name,
+            f"{m['final_metric']:.4f} ± {m['final_metric_std']:.4f}",
+            swa,
+            ttt,
+            f"{m['iterations_per_s']:.1f}",
+            f"{m['sync_time_s'] * 1000:.2f} ms",
+            f"{m['consensus_distance']:.2e}",
+        )
+    return t
