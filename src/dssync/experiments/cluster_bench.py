@@ -29,12 +29,8 @@ from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_cluster
 from dssync.methods import get_method
 
 SCENARIOS = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
-METHODS = (
-    "ddp",
-    "hierarchical",
-    "dssync",
-    "dssync-topo",
-)  # the default set (names from dssync.methods)
+# The default set of methods (names from dssync.methods).
+METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo")
 
 
 @dataclass
@@ -63,7 +59,8 @@ def run_bench(
     settings: BenchSettings,
     log: Callable[[str], None] = print,
 ) -> dict[str, dict[str, Any]]:
-    """Results by scenario, then by method; see :func:`summarize` for the keys."""
+    """Results by scenario, then by method; see :func:`dssync.bench.timings.summarize` and
+    :func:`run_method` for the keys."""
     for method in methods:
         get_method(method)  # before any cluster is built
     results: dict[str, dict[str, Any]] = {}
