@@ -29,6 +29,7 @@ MAY_USE = {
     "dssync.experiments": ("dssync.experiments", "dssync.bench", "dssync.cluster"),
     "dssync.bench": ("dssync.bench", "dssync.cluster"),
     "dssync.cluster": ("dssync.cluster",),
+    "dssync.plan": ("dssync.bench", "dssync.cluster"),  # plans from cluster specs and link bounds
 }
 
 
@@ -151,11 +152,14 @@ LAYERS = [
     "topology",
     "strategies",
     "methods",
+    "lightning",
+    "accelerate",
     "workloads",
     "launch",
     "train",
     "cluster",
     "bench",
+    "plan",
     "experiments",
     "report",
     "cli",

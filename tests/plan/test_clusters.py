@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster.spec import parse_topology
+from dssync.cluster.spec import parse_cluster
 from dssync.errors import UsageError
 from dssync.plan.clusters import cluster_for, fat_tree, rack_spine, to_toml
 
@@ -47,7 +47,7 @@ def test_rack_spine_is_oversubscribed(n):
 
 def test_written_topology_reads_back():
     for spec in (cluster_for("s3-slow-host", 64), cluster_for("s4-dynamic", 256), fat_tree(128)):
-        back = parse_topology(to_toml(spec))
+        back = parse_cluster(to_toml(spec))
         assert back.world_size == spec.world_size
         assert back.link_rates() == spec.link_rates()
         assert back.events == spec.events

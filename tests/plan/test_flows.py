@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.bench.cluster_bounds import lower_bound
-from dssync.cluster.spec import ClusterSpec, load_topology
+from dssync.bench.bounds import lower_bound
+from dssync.cluster.spec import ClusterSpec, load_cluster
 from dssync.plan.cost import BYTES_PER_PARAM, predict, ring_s, schedule_s
 from dssync.plan.flows import GOODPUT, Net, Ring
 from dssync.schedules import Butterfly, Static
@@ -31,7 +31,7 @@ def two_racks(uplink: float = 100.0) -> ClusterSpec:
 
 def test_two_hosts_one_slow_uplink_ring():
     net = Net(
-        load_topology("tiny"), latency_s=LAT, goodput=1.0
+        load_cluster("tiny"), latency_s=LAT, goodput=1.0
     )  # 2 hosts in 2 racks, 50 Mbit/s between
     n = 2
     expected = 2 * (n - 1) / n * MB / bps(50) + 2 * (n - 1) * 3 * LAT  # 3 switches between racks
@@ -69,14 +69,14 @@ def test_goodput_scales_every_link():
 
 
 def test_slow_host_sets_the_ring_pace():
-    spec = load_topology("s3-slow-host")
+    spec = load_cluster("s3-slow-host")
     net = Net(spec, latency_s=0.0, goodput=1.0)
     n = spec.world_size
     assert ring_s(net, MB) == pytest.approx(2 * (n - 1) / n * MB / bps(100), rel=1e-9)
 
 
 def test_compute_adds_and_overlap_takes_the_max():
-    got = {p.method: p for p in predict(load_topology("s2-inter-rack"), 1_000_000, compute_s=0.5)}
+    got = {p.method: p for p in predict(load_cluster("s2-inter-rack"), 1_000_000, compute_s=0.5)}
     for p in got.values():
         if p.method.endswith("overlapped"):
             assert p.iter_s == pytest.approx(max(0.5, p.sync_s))
@@ -87,7 +87,7 @@ def test_compute_adds_and_overlap_takes_the_max():
 
 @pytest.mark.parametrize("name", ["s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic"])
 def test_never_below_the_busiest_link_bound(name):
-    spec = load_topology(name)
+    spec = load_cluster(name)
     params = 2_000_000
     got = {p.method: p.sync_s for p in predict(spec, params)}
     for method in ("ddp", "hierarchical", "dssync", "dssync-topo"):

@@ -6,7 +6,7 @@ from dssync.launch import WorkerError
 
 # Exceptions that mean bad input, by type name (a worker forwards its exception's name).
 USER_ERROR_TYPES = {"ValueError", "FileNotFoundError", "NotADirectoryError", "IsADirectoryError",
-                    "FileExistsError", "TopologyError", "CheckpointError", "CheckpointDamaged",
+                    "FileExistsError", "ClusterSpecError", "CheckpointError", "CheckpointDamaged",
                     "UsageError"}
 
 

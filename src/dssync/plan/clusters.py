@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dssync.cluster.spec import ClusterSpec, TopologyError, load_topology, shipped_topologies
+from dssync.cluster.spec import ClusterSpec, ClusterSpecError, load_cluster, shipped_clusters
 from dssync.errors import UsageError
 
 GENERATORS = ("fat-tree", "rack-spine")
@@ -136,11 +136,11 @@ def cluster_for(name_or_path: str, workers: int | None = None) -> ClusterSpec:
             return rack_spine(n)
         return fat_tree(n, ports=16 if n <= 16**3 // 4 else _ports_for(n))
     try:
-        spec = load_topology(name_or_path)
-    except TopologyError as e:
+        spec = load_cluster(name_or_path)
+    except ClusterSpecError as e:
         if "neither a file" not in str(e):
             raise UsageError(str(e)) from None
-        names = ", ".join([*shipped_topologies(), *GENERATORS])
+        names = ", ".join([*shipped_clusters(), *GENERATORS])
         raise UsageError(
             f"topology {name_or_path!r} is neither a file nor a known name; "
             f"use a topology file or one of: {names}"
@@ -149,7 +149,7 @@ def cluster_for(name_or_path: str, workers: int | None = None) -> ClusterSpec:
 
 
 def to_toml(spec: ClusterSpec) -> str:
-    """The topology file for ``spec`` (what :func:`dssync.cluster.load_topology` reads back)."""
+    """The topology file for ``spec`` (what :func:`dssync.cluster.load_cluster` reads back)."""
     lines = [
         f'name = "{spec.name}"',
         "",

@@ -13,8 +13,8 @@
 
 Example::
 
-    >>> from dssync.cluster import load_topology
-    >>> p = predict(load_topology("s2-inter-rack"), params=4_000_000, compute_s=0.05)
+    >>> from dssync.cluster import load_cluster
+    >>> p = predict(load_cluster("s2-inter-rack"), params=4_000_000, compute_s=0.05)
     >>> [x.method for x in p][:2]
     ['ddp', 'hierarchical']
 """
@@ -79,7 +79,7 @@ class Repeating(Schedule):
 
 def topology_of(spec: ClusterSpec, rates: dict[str, float | None] | None = None) -> Topology:
     """The :class:`Topology` of ``spec`` with ``rates`` applied (as a probe would report them)."""
-    topo = Topology.from_spec(spec)
+    topo = spec.topology()
     if not rates:
         return topo
     hosts = {h: rates.get(f"host:{h}", v) for h, v in topo.host_mbit.items()}

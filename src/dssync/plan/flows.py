@@ -3,7 +3,7 @@
 Every link of a :class:`ClusterSpec` is full duplex: ``host:<h>`` up and down, and with more than
 one rack ``rack_uplink:<r>`` up and down. A message from rank a to rank b loads a's host link up,
 b's host link down and, between racks, both rack uplinks (as in
-:mod:`dssync.bench.cluster_bounds`). Ranks on one host talk over memory: no link, no limit.
+:mod:`dssync.bench.bounds`). Ranks on one host talk over memory: no link, no limit.
 
 A collective is a ring: each member sends the same bytes to the next, in lockstep, so the whole
 ring runs at the pace of its slowest edge. Rings that run at the same time share links max-min
@@ -13,8 +13,8 @@ that cross it); when a ring finishes, the others take over its share. Each ring 
 
 Example::
 
-    >>> from dssync.cluster import load_topology
-    >>> net = Net(load_topology("tiny"), latency_s=0.0, goodput=1.0)
+    >>> from dssync.cluster import load_cluster
+    >>> net = Net(load_cluster("tiny"), latency_s=0.0, goodput=1.0)
     >>> round(net.phase([Ring([0, 1], 1_000_000)]), 3)   # 1 MB each way over 50 Mbit/s
     0.16
 """
@@ -76,7 +76,7 @@ class Net:
 
     Example::
 
-        net = Net(load_topology("s2-inter-rack"), rates={"rack_uplink:0": 100.0})
+        net = Net(load_cluster("s2-inter-rack"), rates={"rack_uplink:0": 100.0})
         net.phase([Ring.allreduce([0, 4], 16e6), Ring.allreduce([1, 5], 16e6)])  # share uplink 0
     """
 

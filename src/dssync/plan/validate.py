@@ -24,7 +24,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from dssync.cluster.spec import ClusterSpec, TopologyError, load_topology
+from dssync.cluster.spec import ClusterSpec, ClusterSpecError, load_cluster
 from dssync.errors import UsageError
 from dssync.plan.cost import predict, topology_of
 from dssync.topology import Topology
@@ -113,8 +113,8 @@ def compare(
     rows = []
     for scenario, runs in data["results"].items():
         try:
-            spec = load_topology(scenario)
-        except TopologyError:
+            spec = load_cluster(scenario)
+        except ClusterSpecError:
             continue  # a scenario from a file we cannot see: nothing to predict from
         measured = {m: r for m, r in runs.items() if m in BENCH_METHODS}
         if not measured:
