@@ -13,7 +13,7 @@ from dssync.cli.train_cmd import training_options
 from dssync.report.compare import compare, runner_for, summarize
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
 from dssync.train import TrainConfig
-from dssync.train.config import validate
+from dssync.train.validate import validate
 from dssync.train.factory import STRATEGIES
 
 
