@@ -188,7 +188,7 @@ def _raise_dead_first(procs: list, reporter: int, report: tuple[str, tuple[str, 
                 dead[0],
                 f"process exited with code {code}; rank {reporter} then reported:\n{report[0]}",
                 (),
-                f"died (exit code {code}); rank {reporter}: {echo}",
+                f"died (exited with code {code}); rank {reporter} then reported: {echo[:160]}",
             )
         time.sleep(0.05)
     raise WorkerError(reporter, *report)

@@ -35,9 +35,8 @@ def test_resume_with_another_number_of_workers(tmp_path, before, after, epochs):
     first = run_training(base, workers=before)
     step = first["steps"]
     saved = [read_checkpoint(checkpoint_path(ckpt, r, step))[1] for r in range(before)]
-    assert (
-        len({str(s["model"]) for s in saved}) > 1
-    )  # the saved ranks differ: the mean is not trivial
+    if before == 4:  # two pairs that differ: the mean is not any one saved model
+        assert len({str(s["model"]) for s in saved}) > 1
 
     resumed = run_training(
         replace(base, epochs=epochs, resume=True), workers=after, hook=StartProbe(str(tmp_path))
