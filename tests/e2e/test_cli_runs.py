@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from procs import run
 
 KEYS = {
     "final_accuracy",
@@ -21,23 +18,8 @@ KEYS = {
 }
 
 
-def _dssync(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``dssync *args``; its whole process group (workers too) is killed when it ends or times out."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dssync", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+def _dssync(*args: str, timeout: float = 300):
+    return run(["-m", "dssync", *args], timeout=timeout)
 
 
 @pytest.mark.timeout(400)
