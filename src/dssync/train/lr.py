@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from dssync.errors import UsageError
+
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -48,7 +50,7 @@ class LRSchedule:
     ) -> None:
         lr_factor(kind, 0, total)  # reject an unknown kind now
         if (hold_from is None) != (hold_lr is None):
-            raise ValueError("hold_from and hold_lr go together; give both or neither")
+            raise UsageError("hold_from and hold_lr go together; give both or neither")
         self.optimizer, self.kind, self.total = optimizer, kind, total
         self.hold_from, self.hold_lr = hold_from, hold_lr
         self.base = [g["lr"] for g in optimizer.param_groups]
