@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from dssync.errors import PeerLost, SyncError
 from dssync.strategies import Strategy
@@ -47,17 +48,11 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     data = RankData.load(cfg, rank, world)
     strategy, optimizer = build(cfg, data, device, rank)
     total = data.total_steps()
-    swa_from = None if cfg.swa_start is None else int(cfg.swa_start * total)
+    phase = SWAPhase.of(cfg, total)
     # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
-    rates = LRSchedule(
-        optimizer,
-        cfg.lr_schedule or data.wl.lr_schedule,
-        total,
-        hold_from=swa_from if cfg.swa_lr is not None else None,
-        hold_lr=cfg.swa_lr,
-    )
+    rates = rate_schedule(cfg, data, optimizer, total, phase)
     saver = checkpointer(cfg, data, strategy, optimizer, rank, world)
-    run, swa = restore(cfg, saver)
+    run, phase.average = restore(cfg, saver)
     hook.started(rank, strategy)
     clock = Clock(device)
     progress = Progress(cfg, rank, total, run.step)
@@ -66,30 +61,22 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         batch = to_device(data.batch(run.step), device)
         rates.apply(run.step)
         loss = timed_step(data, strategy, optimizer, batch, run, clock, hook, rank)
-        if swa_from is not None and run.step > swa_from:
-            swa = swa or WeightAverage(strategy.module)
-            swa.update(strategy.module)
+        phase.update(run.step, strategy.module)
         run.log[-1].update(
             loss=loss, lr=optimizer.param_groups[0]["lr"], epoch=data.epoch(run.step - 1)
         )
         progress.update(loss)
         if evaluation_due(cfg, run.step, data.steps_per_epoch, total):
+            epoch = data.epoch(run.step - 1)
             run.evals.append(
-                eval_record(
-                    data.wl,
-                    strategy.module,
-                    data.test,
-                    run.step,
-                    data.epoch(run.step - 1),
-                    run.train_s,
-                )
+                eval_record(data.wl, strategy.module, data.test, run.step, epoch, run.train_s)
             )
         if saver is not None and checkpoint_due(cfg, run.step, data.steps_per_epoch, total):
-            saver.save(run, swa)
+            saver.save(run, phase.average)
         hook.after_step(rank, run.step)
     progress.close()
     run.loop_s += clock.now() - loop_start
-    return summarize(cfg, data, strategy, run, swa, device)
+    return summarize(cfg, data, strategy, run, phase.average, device)
 
 
 def build(
@@ -102,6 +89,45 @@ def build(
     strategy = build_strategy(cfg, module, optimizer)
     torch.manual_seed(cfg.seed * 1000 + rank)
     return strategy, optimizer
+
+
+class SWAPhase:
+    """Stochastic weight averaging's phase: from step ``start`` on, each step's model joins a
+    running average (none when ``start`` is None).
+
+    Example::
+
+        phase = SWAPhase(start=75)
+        phase.update(step, model)      # after each step; phase.average is the running mean
+    """
+
+    def __init__(self, start: int | None, average: WeightAverage | None = None) -> None:
+        self.start = start
+        self.average = average
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, total: int) -> SWAPhase:
+        return cls(None if cfg.swa_start is None else int(cfg.swa_start * total))
+
+    def update(self, step: int, module: nn.Module) -> None:
+        if self.start is not None and step > self.start:
+            self.average = self.average or WeightAverage(module)
+            self.average.update(module)
+
+
+def rate_schedule(
+    cfg: TrainConfig, data: RankData, optimizer: torch.optim.Optimizer, total: int, phase: SWAPhase
+) -> LRSchedule:
+    """The learning rate by step: the workload's (or --lr-schedule's), held at --swa-lr while
+    weights are averaged."""
+    held = cfg.swa_lr is not None and phase.start is not None
+    return LRSchedule(
+        optimizer,
+        cfg.lr_schedule or data.wl.lr_schedule,
+        total,
+        hold_from=phase.start if held else None,
+        hold_lr=cfg.swa_lr if held else None,
+    )
 
 
 def checkpointer(
