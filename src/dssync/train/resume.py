@@ -31,6 +31,7 @@ from dssync.train.checkpoint import (
     any_checkpoints,
     checkpoint_path,
     name_parts,
+    rank_checkpoints,
     read_header,
 )
 from dssync.train.config import TrainConfig
@@ -132,29 +133,83 @@ def newest_complete(folder: str | Path, expected: dict[str, Any]) -> tuple[int, 
     )
 
 
+def own_steps(
+    folder: str | Path, rank: int, expected: dict[str, Any]
+) -> tuple[dict[int, int], list[str]]:
+    """({step: world size that wrote it} for this rank's own intact files that fit this run,
+    the messages naming its damaged files).
+
+    Damaged files are also named on stderr and skipped; a file of another kind of run raises.
+    """
+    found, damaged = {}, []
+    for step, path in sorted(rank_checkpoints(folder, rank).items(), reverse=True):
+        try:
+            header = read_header(path)
+        except CheckpointDamaged as e:
+            print(f"warning: rank {rank}: {e}", file=sys.stderr, flush=True)
+            damaged.append(str(e))
+            continue
+        check_fits(path, header, expected)
+        found[step] = header["world_size"]
+    return found, damaged
+
+
 def agree_on_step(
     folder: str | Path, rank: int, expected: dict[str, Any]
 ) -> tuple[int, int] | None:
-    """:func:`newest_complete` as every rank sees it; ranks that see different folders are refused.
+    """(step, world size that wrote it) to resume from, the same on every rank; None: start fresh.
 
-    All ranks call this. Only rank 0 prints the warnings about damaged files.
+    All ranks call this. Each rank checks its own files, so with an unchanged world size the
+    folder may be local to each machine. When the newest checkpoint was written by another number
+    of workers, every rank reads all of its files (:func:`newest_complete`): the folder must then
+    be one every rank shares.
     """
+    world = dist.get_world_size()
     try:
-        mine: Any = newest_complete(folder, expected) if rank == 0 else _quiet(folder, expected)
+        mine: Any = own_steps(folder, rank, expected)
     except CheckpointError as e:
         mine = str(e)
+    gathered = _gather(mine)
+    views = [v for v, _ in gathered]
+    damaged = [d for _, ds in gathered for d in ds]
+    same = [s for s, w in views[0].items() if w == world and all(v.get(s) == w for v in views)]
+    elastic = [s for v in views for s, w in v.items() if w != world]
+    if elastic and max(elastic) > max(same, default=-1):
+        try:
+            found: Any = (
+                newest_complete(folder, expected) if rank == 0 else _quiet(folder, expected)
+            )
+        except CheckpointError as e:
+            found = str(e)
+        views = _gather(found)
+        if any(v != views[0] for v in views):
+            seen = "; ".join(f"rank {r} sees {v}" for r, v in enumerate(views))
+            raise CheckpointError(
+                f"the ranks see different checkpoints in {folder} ({seen}); a run resumed with another "
+                "number of workers needs a --checkpoint-dir every rank shares"
+            )
+        return None if views[0] is None else tuple(views[0])
+    if same:
+        return max(same), world
+    if not any(v for v in views) and not damaged:
+        return None  # decided from what every rank saw, so all ranks decide alike
+    if damaged:
+        raise CheckpointError(damaged[0])
+    have = "; ".join(f"rank {r} has steps {sorted(v)}" for r, v in enumerate(views))
+    raise CheckpointError(
+        f"no checkpoint step in {folder} is intact on every rank ({have}); "
+        "restore the missing files or start fresh with a new --checkpoint-dir"
+    )
+
+
+def _gather(mine: Any) -> list[Any]:
+    """Every rank's ``mine``; a string is an error one rank hit, raised on all of them."""
     views: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(views, mine)
     for v in views:
         if isinstance(v, str):
             raise CheckpointError(v)
-    if any(v != views[0] for v in views):
-        seen = "; ".join(f"rank {r} sees {v}" for r, v in enumerate(views))
-        raise CheckpointError(
-            f"the ranks see different checkpoints in {folder} ({seen}); put --checkpoint-dir on a "
-            "folder every rank shares"
-        )
-    return None if views[0] is None else tuple(views[0])
+    return views
 
 
 def saved_files(folder: str | Path, step: int, world: int) -> list[Path]:
