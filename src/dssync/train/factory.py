@@ -16,13 +16,8 @@ Builder = Callable[[TrainConfig, nn.Module, torch.optim.Optimizer], Strategy]
 
 def _dssync(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer) -> Strategy:
     schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
-    return DSSync(
-        module,
-        schedule=schedule,
-        optimizer=opt if cfg.average_momentum else None,
-        bucket_bytes=int(cfg.bucket_mb * 2**20),
-        timeout_s=cfg.timeout_s,
-    )
+    return DSSync(module, schedule=schedule, optimizer=opt if cfg.average_momentum else None,
+                  bucket_bytes=int(cfg.bucket_mb * 2**20), timeout_s=cfg.timeout_s)
 
 
 def _bsp(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer) -> Strategy:
@@ -41,7 +36,5 @@ def build_strategy(cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimiz
     try:
         builder = STRATEGIES[cfg.sync]
     except KeyError:
-        raise ValueError(
-            f"unknown --sync {cfg.sync!r}; choose one of {', '.join(STRATEGIES)}"
-        ) from None
+        raise ValueError(f"unknown --sync {cfg.sync!r}; choose one of {', '.join(STRATEGIES)}") from None
     return builder(cfg, module, opt)
