@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test lint bench-sync clean
+.PHONY: install demo test lint bench-sync gpu-check clean
 
 $(VENV)/.installed: pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
@@ -26,6 +26,12 @@ lint: install
 
 bench-sync: install
 	$(VENV)/bin/dssync bench-sync
+
+# On a CUDA machine: nccl training, gloo over CUDA tensors and the README example, one line each.
+# Runs from the source tree on the machine's own python3 (no install); says so and passes without CUDA.
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=src $(GPU_PYTHON) tools/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

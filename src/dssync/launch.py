@@ -22,21 +22,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dssync.errors import UsageError
+
 DEFAULT_TIMEOUT_S = 120.0
 
 
 class WorkerError(RuntimeError):
     """A worker failed: ``rank`` is the first rank that failed, ``detail`` its traceback or exit code.
 
-    ``exc_type`` and ``message`` are the name and text of the worker's exception, if it raised one.
+    ``exc_types`` names the classes of the worker's exception, its own first and then every base
+    (``module.QualName``, the class's MRO), so the parent can classify it as it would the exception
+    itself; it is empty when the worker died or hung without raising. ``message`` is its text.
     """
 
-    def __init__(self, rank: int, detail: str, exc_type: str = "", message: str = "") -> None:
+    def __init__(
+        self, rank: int, detail: str, exc_types: tuple[str, ...] = (), message: str = ""
+    ) -> None:
         super().__init__(f"worker rank {rank} failed:\n{detail}")
         self.rank = rank
         self.detail = detail
-        self.exc_type = exc_type
+        self.exc_types = tuple(exc_types)
         self.message = message
+
+    @property
+    def exc_type(self) -> str:
+        """The short name of the worker's exception class ("" when it raised none)."""
+        return self.exc_types[0].rsplit(".", 1)[-1] if self.exc_types else ""
+
+
+def class_names(e: BaseException) -> tuple[str, ...]:
+    """``module.QualName`` of the class of ``e`` and of each of its bases, in MRO order."""
+    return tuple(f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__)
 
 
 def free_port() -> int:
@@ -80,12 +96,19 @@ def exit_quietly(code: int) -> None:
     os._exit(code)
 
 
-def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: float = DEFAULT_TIMEOUT_S,
-          collective_timeout_s: float | None = None, env: dict[str, str] | None = None) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    collective_timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    backend: str = "gloo",
+) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` local ranks; return each rank's result, by rank.
 
     ``fn`` must be importable (defined at module level). Each rank has joined the default
-    process group (gloo on 127.0.0.1) before ``fn`` runs and leaves it after.
+    process group (``backend``, gloo by default, on 127.0.0.1) before ``fn`` runs and leaves it after.
 
     Example::
 
@@ -95,17 +118,23 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: 
         assert spawn(rank_times_two, 2) == [0, 2]
     """
     if world_size < 1:
-        raise ValueError(f"world_size={world_size} must be >= 1")
+        raise UsageError(f"world_size={world_size} must be >= 1; pass 1 or more")
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     base_env = {
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
         **(env or {}),
     }
     coll_timeout = collective_timeout_s or timeout_s
     procs = [
-        ctx.Process(target=_worker, args=(fn, args, rank, base_env, coll_timeout, results_q), daemon=True)
+        ctx.Process(
+            target=_worker,
+            args=(fn, args, rank, base_env, coll_timeout, backend, results_q),
+            daemon=True,
+        )
         for rank in range(world_size)
     ]
     for p in procs:
@@ -121,7 +150,8 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), timeout_s: 
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(results))
                     raise WorkerError(
-                        missing[0], f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish"
+                        missing[0],
+                        f"timed out after {timeout_s:.0f}s; ranks {missing} did not finish",
                     ) from None
                 continue
             if kind == "error":
@@ -146,16 +176,20 @@ def _unpack(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _raise_dead_first(procs: list, reporter: int, report: tuple[str, str, str]) -> None:
+def _raise_dead_first(procs: list, reporter: int, report: tuple[str, tuple[str, ...], str]) -> None:
     """Raise for a rank that died (a peer's error is often only the echo of that death)."""
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
         dead = [r for r, p in enumerate(procs) if r != reporter and p.exitcode not in (None, 0)]
         if dead:
             code = procs[dead[0]].exitcode
-            echo = (report[2].strip().splitlines() or [report[1]])[0]
-            raise WorkerError(dead[0], f"process exited with code {code}; rank {reporter} then reported:\n{report[0]}",
-                              "WorkerDied", f"died (exit code {code}); rank {reporter}: {echo}")
+            echo = (report[2].strip().splitlines() or [*report[1][:1], "failed"])[0]
+            raise WorkerError(
+                dead[0],
+                f"process exited with code {code}; rank {reporter} then reported:\n{report[0]}",
+                (),
+                f"died (exited with code {code}); rank {reporter} then reported: {echo[:160]}",
+            )
         time.sleep(0.05)
     raise WorkerError(reporter, *report)
 
@@ -163,7 +197,9 @@ def _raise_dead_first(procs: list, reporter: int, report: tuple[str, str, str]) 
 def _check_exits(procs: list, results: dict[int, Any]) -> None:
     for rank, p in enumerate(procs):
         if p.exitcode not in (None, 0) and rank not in results:
-            raise WorkerError(rank, f"process exited with code {p.exitcode} before reporting a result")
+            raise WorkerError(
+                rank, f"process exited with code {p.exitcode} before reporting a result"
+            )
 
 
 def _kill(procs: list) -> None:
@@ -177,18 +213,25 @@ def _kill(procs: list) -> None:
             p.join(timeout=5)
 
 
-def _worker(fn: Callable[..., Any], args: tuple, rank: int, env: dict[str, str],
-            timeout_s: float, results_q) -> None:
+def _worker(
+    fn: Callable[..., Any],
+    args: tuple,
+    rank: int,
+    env: dict[str, str],
+    timeout_s: float,
+    backend: str,
+    results_q,
+) -> None:
     os.environ.update(env)
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
     try:
-        init_from_env(backend="gloo", timeout_s=timeout_s)
+        init_from_env(backend=backend, timeout_s=timeout_s)
         value = fn(*args)
         dist.barrier()  # nobody tears down the store while a peer still needs it
         results_q.put(("ok", rank, _pack(value)))
     except BaseException as e:  # noqa: BLE001 - forwarded to the parent with its traceback
-        results_q.put(("error", rank, (traceback.format_exc(), type(e).__name__, str(e))))
+        results_q.put(("error", rank, (traceback.format_exc(), class_names(e), str(e))))
     finally:
         if dist.is_initialized():
             try:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from procs import run
 
 from dssync.launch import free_port
 
@@ -14,11 +13,31 @@ from dssync.launch import free_port
 @pytest.mark.timeout(300)
 def test_train_under_torchrun(tmp_path):
     out = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           "-m", "dssync", "train", "--workload", "digits", "--epochs", "1", "--quiet",
-           "--sync", "dssync", "--json", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    cmd = [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "-m",
+        "dssync",
+        "train",
+        "--workload",
+        "digits",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--sync",
+        "dssync",
+        "--json",
+        str(out),
+    ]
+    r = run(cmd, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and len(data["worker_accuracy"]) == 2

@@ -11,18 +11,32 @@ from pathlib import Path
 from typing import Any
 
 DIGITS = ["--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
+FAULT_CLI = str(
+    Path(__file__).with_name("fault_cli.py")
+)  # the CLI with --crash-rank/--crash-at-step
 
 
-def run(args: list[str], timeout: float = 120, module: str = "dssync") -> subprocess.CompletedProcess:
-    """``python -m <module> *args``; on timeout the whole process group (workers too) is killed."""
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run(
+    args: list[str], timeout: float = 120, module: str | None = "dssync"
+) -> subprocess.CompletedProcess:
+    """``python -m <module> *args`` (``python *args`` without a module); on timeout the whole
+    process group (workers too) is killed."""
+    head = [sys.executable, "-m", module] if module else [sys.executable]
+    proc = subprocess.Popen(
+        [*head, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"`{' '.join(args)}` did not finish in {timeout}s; stderr:\n{err[-3000:]}") from None
+        raise AssertionError(
+            f"`{' '.join(args)}` did not finish in {timeout}s; stderr:\n{err[-3000:]}"
+        ) from None
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the session, if any

@@ -14,7 +14,7 @@ from dssync.train.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from dssync.train.resume import agree_on_step, check_fits
+from dssync.train.resume import agree_on_step, check_fits, newest_complete
 
 HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync"}
 
@@ -43,10 +43,24 @@ def test_damage_is_detected_and_names_the_file(tmp_path, damage):
         read_checkpoint(path)
 
 
-def test_another_world_size_is_refused_with_the_fix(tmp_path):
+def test_another_world_size_fits_another_workload_is_refused_with_the_fix(tmp_path):
     path = checkpoint_path(tmp_path, 0, 10)
-    with pytest.raises(CheckpointError, match=r"workers 4, this run has 2; resume with --workers 4"):
-        check_fits(path, {**HEADER, "world_size": 4}, HEADER)
+    check_fits(path, {**HEADER, "world_size": 4}, HEADER)  # elastic resume: N workers -> M
+    with pytest.raises(
+        CheckpointError,
+        match=r"workload 'mnist', this run has 'digits'; resume with --workload mnist",
+    ):
+        check_fits(path, {**HEADER, "workload": "mnist"}, HEADER)
+
+
+def test_the_newest_step_complete_for_the_world_that_wrote_it(tmp_path):
+    for rank in range(4):
+        write_checkpoint(tmp_path, rank, 10, {**HEADER, "world_size": 4}, {"rank": rank})
+    for rank in range(3):  # step 20: rank 3's file is missing
+        write_checkpoint(tmp_path, rank, 20, {**HEADER, "world_size": 4}, {"rank": rank})
+    assert newest_complete(tmp_path, HEADER) == (10, 4)
+    write_checkpoint(tmp_path, 3, 20, {**HEADER, "world_size": 4}, {"rank": 3})
+    assert newest_complete(tmp_path, HEADER) == (20, 4)
 
 
 def _agree(folder: str, corrupt_rank: int | None) -> int | None:
@@ -63,4 +77,4 @@ def _agree(folder: str, corrupt_rank: int | None) -> int | None:
 
 @pytest.mark.timeout(120)
 def test_ranks_fall_back_together_to_the_previous_good_step(tmp_path):
-    assert spawn(_agree, 2, args=(str(tmp_path / "b"), 1), timeout_s=90) == [10, 10]
+    assert spawn(_agree, 2, args=(str(tmp_path / "b"), 1), timeout_s=90) == [(10, 2), (10, 2)]

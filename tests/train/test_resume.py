@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cli_run import DIGITS, load, run
+from cli_run import DIGITS, FAULT_CLI, load, run
 
 CKPT = ["--checkpoint-every", "10"]
 
@@ -27,21 +27,39 @@ def _same_run(a: dict, b: dict) -> None:
 @pytest.mark.timeout(240)
 def test_killed_worker_is_named_and_resume_is_bit_for_bit(tmp_path, uninterrupted):
     ckpt, out = tmp_path / "ckpt", tmp_path / "run.json"
-    crash = ["train", *DIGITS, "--checkpoint-dir", str(ckpt), *CKPT, "--resume", "--timeout", "20",
-             "--crash-rank", "1", "--crash-at-step", "25", "--json", str(out)]
-    r = run(crash)
+    crash = [
+        FAULT_CLI,
+        "train",
+        *DIGITS,
+        "--checkpoint-dir",
+        str(ckpt),
+        *CKPT,
+        "--resume",
+        "--timeout",
+        "20",
+        "--crash-rank",
+        "1",
+        "--crash-at-step",
+        "25",
+        "--json",
+        str(out),
+    ]
+    r = run(crash, module=None)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert "rank 1" in last and ("exited" in last or "lost contact" in last), last
     assert not out.exists()
     assert sorted(p.name for p in ckpt.glob("rank*")) == [
-        "rank000-step000000010.ckpt", "rank000-step000000020.ckpt",
-        "rank001-step000000010.ckpt", "rank001-step000000020.ckpt"]
+        "rank000-step000000010.ckpt",
+        "rank000-step000000020.ckpt",
+        "rank001-step000000010.ckpt",
+        "rank001-step000000020.ckpt",
+    ]
 
     # damage rank 1's newest checkpoint: it is refused by name and both ranks fall back to step 10
     bad = ckpt / "rank001-step000000020.ckpt"
     bad.write_bytes(bad.read_bytes()[:-100])
-    r = run(crash)  # the same command again: the crash marker makes it crash only once
+    r = run(crash, module=None)  # the same command again: the crash marker makes it crash only once
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"checkpoint {bad} is damaged" in r.stderr and "resuming from step 10" in r.stderr
     resumed = load(out)
@@ -53,11 +71,36 @@ def test_killed_worker_is_named_and_resume_is_bit_for_bit(tmp_path, uninterrupte
 def test_torchrun_restarts_the_job_and_it_resumes(tmp_path, uninterrupted):
     """torchrun's elastic agent restarts both workers after one dies; the run loses < one interval."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "run.json"
-    r = run(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-             "-m", "dssync", "train", "--workload", "digits", "--epochs", "1", "--quiet",
-             "--checkpoint-dir", str(ckpt), *CKPT, "--resume", "--timeout", "20",
-             "--crash-rank", "1", "--crash-at-step", "25", "--json", str(out)],
-            timeout=240, module="torch.distributed.run")
+    r = run(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            FAULT_CLI,
+            "train",
+            "--workload",
+            "digits",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--checkpoint-dir",
+            str(ckpt),
+            *CKPT,
+            "--resume",
+            "--timeout",
+            "20",
+            "--crash-rank",
+            "1",
+            "--crash-at-step",
+            "25",
+            "--json",
+            str(out),
+        ],
+        timeout=240,
+        module="torch.distributed.run",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "failed (exitcode: 3) local_rank: 1" in r.stderr  # the crash happened, once
     resumed = load(out)

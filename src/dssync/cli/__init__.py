@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from dssync.cli.errors import is_user_error, user_error_message
+from dssync.cli import errors
 from dssync.cli.train_cmd import train
 from dssync.launch import exit_quietly, launched_externally
 
@@ -41,7 +41,9 @@ _register_optional()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: bad input exits with code 2 and one line that names the problem and the fix."""
+    """Entry point: bad input exits 2 with one line naming the problem and the fix; ranks out of
+    step or a lost peer exit 1 with one line naming them; any other exception is a bug: its
+    traceback, exit 1 (see :mod:`dssync.cli.errors`)."""
     try:
         cli.main(args=argv, standalone_mode=False)
     except click.exceptions.Abort:
@@ -57,10 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
-    except Exception as e:
-        if not is_user_error(e):
-            raise
-        click.echo(f"error: {user_error_message(e)}", err=True)
-        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - every failure is reported by its kind
+        sys.exit(errors.report(e))
     if launched_externally():
-        exit_quietly(0)  # a torchrun rank whose work is written: skip finalization (see exit_quietly)
+        exit_quietly(
+            0
+        )  # a torchrun rank whose work is written: skip finalization (see exit_quietly)

@@ -15,7 +15,7 @@ from dssync.methods import get_method, help_text, parse_methods
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
 from dssync.report.summary import summarize, summary_table
 from dssync.train import TrainConfig
-from dssync.train.config import validate
+from dssync.train.validate import validate
 
 DEVICES = ("auto", "cpu", "cuda")
 

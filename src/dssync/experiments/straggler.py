@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,8 +23,20 @@ import numpy as np
 from dssync.errors import UsageError
 from dssync.methods import get_method
 from dssync.train import TrainConfig, run_training
+from dssync.train.hooks import StepHook
 
 DEFAULT_METHODS = ("dssync", "dssync-static", "bsp")
+
+
+class Straggler(StepHook):
+    """Rank ``rank`` sleeps ``ms`` after its backward pass, before it synchronizes."""
+
+    def __init__(self, rank: int, ms: float) -> None:
+        self.rank, self.ms = rank, ms
+
+    def before_sync(self, rank: int, step: int) -> None:
+        if rank == self.rank and self.ms > 0:
+            time.sleep(self.ms / 1000)
 
 
 @dataclass
@@ -58,14 +71,13 @@ def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:
         seed=s.seed,
         timeout_s=s.timeout_s,
         progress=False,
-        slow_rank=s.slow_rank,
     )
     rows = []
     for m in s.methods:
         times = {}
         for label, ms in (("plain", 0.0), ("straggler", s.slow_ms)):
-            cfg = replace(base, sync=m, slow_ms=ms)
-            summary = run_training(cfg, workers=s.workers)
+            cfg = replace(base, sync=m)
+            summary = run_training(cfg, workers=s.workers, hook=Straggler(s.slow_rank, ms))
             times[label] = summary["rank_iter_time_s"]
         others = [r for r in range(s.workers) if r != s.slow_rank]
         plain = float(np.mean([times["plain"][r] for r in others]))

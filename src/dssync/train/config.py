@@ -10,6 +10,10 @@ from typing import Any
 class TrainConfig:
     """Everything a worker needs to train; the same on every rank.
 
+    ``device`` is ``auto`` (CUDA when present, the GPU chosen by LOCAL_RANK), ``cpu`` or ``cuda``.
+    Fault injection (a crashing or slow rank) is not a setting: tests and benchmarks pass a
+    :class:`dssync.train.hooks.StepHook` to :func:`dssync.train.run_training` instead.
+
     Example::
 
         cfg = TrainConfig(workload="digits", sync="dssync", group_size=2, epochs=2)
@@ -33,8 +37,6 @@ class TrainConfig:
     timeout_s: float = 120.0
     max_steps: int | None = None
     eval_every: int = 0
-    slow_rank: int | None = None
-    slow_ms: float = 0.0
     swa_start: float | None = None
     swa_lr: float | None = None
     progress: bool = True
@@ -42,54 +44,6 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     device: str = "auto"
-    crash_rank: int | None = None
-    crash_at_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def validate(cfg: TrainConfig, workers: int) -> None:
-    """Reject settings that cannot work, before any worker starts; the message names the fix."""
-    import os
-
-    world = int(os.environ.get("WORLD_SIZE", workers))
-    if cfg.sync == "dssync" and cfg.schedule != "global" and cfg.group_size > world:
-        raise ValueError(
-            f"--group-size {cfg.group_size} is larger than the {world} workers; "
-            f"use a group size from 1 to {world}"
-        )
-    if cfg.slow_rank is not None and cfg.slow_rank >= world:
-        raise ValueError(f"--slow-rank {cfg.slow_rank} does not exist with {world} workers; use 0 to {world - 1}")
-    if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
-        raise FileNotFoundError(f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data")
-    if cfg.crash_rank is not None and cfg.crash_rank >= world:
-        raise ValueError(f"--crash-rank {cfg.crash_rank} does not exist with {world} workers; use 0 to {world - 1}")
-    if cfg.swa_lr is not None and cfg.swa_start is None:
-        raise ValueError("--swa-lr holds the rate during weight averaging; add --swa-start FRACTION")
-    _validate_checkpointing(cfg, world)
-
-
-def _validate_checkpointing(cfg: TrainConfig, world: int) -> None:
-    import os
-
-    if cfg.checkpoint_dir is None:
-        if cfg.checkpoint_every or cfg.resume:
-            flag = "--resume" if cfg.resume else "--checkpoint-every"
-            raise ValueError(f"{flag} needs a folder; add --checkpoint-dir DIR")
-        return
-    if os.path.exists(cfg.checkpoint_dir) and not os.path.isdir(cfg.checkpoint_dir):
-        raise NotADirectoryError(
-            f"--checkpoint-dir {cfg.checkpoint_dir} is a file, not a folder; pass a folder (it is created if missing)"
-        )
-    from dssync.train.checkpoint import any_checkpoints
-
-    if cfg.resume:
-        from dssync.train.resume import preflight, run_header
-
-        preflight(cfg.checkpoint_dir, run_header(cfg, world))
-    elif any_checkpoints(cfg.checkpoint_dir):
-        raise FileExistsError(
-            f"--checkpoint-dir {cfg.checkpoint_dir} already holds checkpoints of another run; "
-            "add --resume to continue it, or pass an empty folder"
-        )

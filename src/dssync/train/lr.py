@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from dssync.errors import UsageError
+
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -21,7 +23,9 @@ def lr_factor(kind: str, step: int, total: int) -> float:
         return 1.0
     if kind == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
-    raise ValueError(f"unknown learning-rate schedule {kind!r}; choose from {', '.join(LR_SCHEDULES)}")
+    raise ValueError(
+        f"unknown learning-rate schedule {kind!r}; choose from {', '.join(LR_SCHEDULES)}"
+    )
 
 
 class LRSchedule:
@@ -36,11 +40,17 @@ class LRSchedule:
     (the constant rate of stochastic weight averaging's phase).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, kind: str, total: int,
-                 hold_from: int | None = None, hold_lr: float | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        kind: str,
+        total: int,
+        hold_from: int | None = None,
+        hold_lr: float | None = None,
+    ) -> None:
         lr_factor(kind, 0, total)  # reject an unknown kind now
         if (hold_from is None) != (hold_lr is None):
-            raise ValueError("hold_from and hold_lr go together; give both or neither")
+            raise UsageError("hold_from and hold_lr go together; give both or neither")
         self.optimizer, self.kind, self.total = optimizer, kind, total
         self.hold_from, self.hold_lr = hold_from, hold_lr
         self.base = [g["lr"] for g in optimizer.param_groups]

@@ -1,15 +1,17 @@
-"""Resuming a run: which checkpoint step every rank resumes from, and whether it fits this run.
+"""Which checkpoint a resumed run continues from, agreed by all ranks.
 
-A run's identity is its header (:func:`run_header`): world size, workload, model layout and
-synchronization method. A checkpoint whose header differs is refused with a one-line message
-that names the difference and the fix. Damaged files are skipped with a warning; the ranks then
-agree on the newest step that every rank holds intact.
+A checkpoint fits a run when they share its identity (:func:`run_header`): workload, model layout,
+synchronization method, per-worker batch size and data size. The world size may differ: a run
+written by N workers resumes with M (see :mod:`dssync.train.state`). A checkpoint whose identity
+differs is refused with a one-line message that names the difference and the fix. Damaged files
+are skipped with a warning; the ranks then agree on the newest step at which every rank of the
+run that wrote it left an intact file.
 
 Example (all ranks call it)::
 
-    step = agree_on_step("ckpt", rank, run_header(cfg, world, module))
-    if step is not None:
-        header, state = read_checkpoint(checkpoint_path("ckpt", rank, step))
+    found = agree_on_step("ckpt", rank, run_header(cfg, world, module))
+    if found is not None:
+        step, saved_world = found
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from dssync.train.checkpoint import (
     CheckpointDamaged,
     CheckpointError,
     any_checkpoints,
+    checkpoint_path,
+    name_parts,
     rank_checkpoints,
     read_header,
 )
@@ -34,19 +38,25 @@ from dssync.train.config import TrainConfig
 
 # header key -> (what it is, how to fix a mismatch)
 _IDENTITY = {
-    "world_size": ("workers", "resume with --workers {old} (or torchrun --nproc-per-node {old})"),
     "workload": ("workload", "resume with --workload {old}"),
     "workload_options": ("workload options", "resume with the same workload options"),
     "model": ("model layout", "resume with the same workload and model options"),
     "sync": ("synchronization method", "resume with --sync {old}"),
-    "steps_per_epoch": ("steps per epoch", "resume with the same --batch-size and data"),
+    "batch_size": ("per-worker batch size", "resume with --batch-size {old}"),
+    "train_samples": ("training samples", "resume with the same data"),
 }
 
 
 def run_header(cfg: TrainConfig, world: int, module: nn.Module | None = None) -> dict[str, Any]:
-    """What a checkpoint must share with this run to be resumed by it."""
-    header = {"world_size": world, "workload": cfg.workload, "sync": cfg.sync,
-              "workload_options": json.loads(json.dumps(cfg.workload_options, sort_keys=True, default=str))}
+    """What a checkpoint records about the run that wrote it (see :data:`_IDENTITY` for what must match)."""
+    header = {
+        "world_size": world,
+        "workload": cfg.workload,
+        "sync": cfg.sync,
+        "workload_options": json.loads(
+            json.dumps(cfg.workload_options, sort_keys=True, default=str)
+        ),
+    }
     if module is not None:
         header["model"] = model_layout(module)
     return header
@@ -71,64 +81,145 @@ def check_fits(path: Path, found: dict[str, Any], expected: dict[str, Any]) -> N
 
 
 def preflight(folder: str | Path, expected: dict[str, Any]) -> None:
-    """Cheap check before any worker starts: the newest rank-0 file's header fits this run.
+    """Cheap check before any worker starts: the newest intact rank-0 file fits this run.
 
-    Only the header is read (no checksum, no model); workers verify everything again.
+    Workers verify every file again.
     """
-    files = any_checkpoints(folder)
-    if not files:
-        return
-    world = expected["world_size"]
-    ranks = {int(p.name[4:7]) for p in files}
-    if max(ranks) >= world:
-        raise CheckpointError(
-            f"checkpoint folder {folder} holds files of rank {max(ranks)}, written by more than this "
-            f"run's {world} workers; resume with the world size that wrote it, or use a new --checkpoint-dir"
-        )
-    for path in sorted(rank_checkpoints(folder, 0).values(), reverse=True):
+    rank0 = sorted((p for p in any_checkpoints(folder) if name_parts(p)[0] == 0), reverse=True)
+    for path in rank0:
         try:
             found = read_header(path)
-        except CheckpointError:
-            continue  # damaged: the workers fall back or refuse, naming it
+        except CheckpointDamaged:
+            continue  # the workers fall back or refuse, naming it
         check_fits(path, found, expected)
         return
 
 
-def agree_on_step(folder: str | Path, rank: int, expected: dict[str, Any]) -> int | None:
-    """The newest step whose checkpoint is intact on every rank, or None when there is none yet.
+def newest_complete(folder: str | Path, expected: dict[str, Any]) -> tuple[int, int] | None:
+    """(step, world size) of the newest step where every rank that wrote it left an intact file.
 
-    All ranks call this. Damaged files are reported on stderr and skipped; a checkpoint from
-    another kind of run, or files with no step intact everywhere, raise CheckpointError on every rank.
+    Damaged files are named on stderr and skipped. Raises CheckpointError for a file of another kind
+    of run, or when files exist but no step is complete.
     """
-    valid: list[int] = []
+    by_step: dict[int, dict[int, Path]] = {}
+    for p in any_checkpoints(folder):
+        rank, step = name_parts(p)
+        by_step.setdefault(step, {})[rank] = p
     damaged: list[str] = []
-    error = None
+    for step in sorted(by_step, reverse=True):
+        world = None
+        intact = set()
+        for rank, path in sorted(by_step[step].items()):
+            try:
+                header = read_header(path)
+            except CheckpointDamaged as e:
+                damaged.append(str(e))
+                continue
+            check_fits(path, header, expected)
+            world = header["world_size"]
+            intact.add(rank)
+        if world is not None and intact == set(range(world)):
+            for d in damaged:
+                print(f"warning: {d}", file=sys.stderr, flush=True)
+            return step, world
+    if not by_step:
+        return None
+    if damaged:
+        raise CheckpointError(damaged[0])
+    have = "; ".join(f"step {s}: ranks {sorted(r)}" for s, r in sorted(by_step.items()))
+    raise CheckpointError(
+        f"no checkpoint step in {folder} is intact on every rank that wrote it ({have}); "
+        "restore the missing files or start fresh with a new --checkpoint-dir"
+    )
+
+
+def own_steps(
+    folder: str | Path, rank: int, expected: dict[str, Any]
+) -> tuple[dict[int, int], list[str]]:
+    """({step: world size that wrote it} for this rank's own intact files that fit this run,
+    the messages naming its damaged files).
+
+    Damaged files are also named on stderr and skipped; a file of another kind of run raises.
+    """
+    found, damaged = {}, []
     for step, path in sorted(rank_checkpoints(folder, rank).items(), reverse=True):
         try:
-            check_fits(path, read_header(path), expected)
+            header = read_header(path)
         except CheckpointDamaged as e:
-            damaged.append(str(e))
             print(f"warning: rank {rank}: {e}", file=sys.stderr, flush=True)
+            damaged.append(str(e))
             continue
+        check_fits(path, header, expected)
+        found[step] = header["world_size"]
+    return found, damaged
+
+
+def agree_on_step(
+    folder: str | Path, rank: int, expected: dict[str, Any]
+) -> tuple[int, int] | None:
+    """(step, world size that wrote it) to resume from, the same on every rank; None: start fresh.
+
+    All ranks call this. Each rank checks its own files, so with an unchanged world size the
+    folder may be local to each machine. When the newest checkpoint was written by another number
+    of workers, every rank reads all of its files (:func:`newest_complete`): the folder must then
+    be one every rank shares.
+    """
+    world = dist.get_world_size()
+    try:
+        mine: Any = own_steps(folder, rank, expected)
+    except CheckpointError as e:
+        mine = str(e)
+    gathered = _gather(mine)
+    views = [v for v, _ in gathered]
+    damaged = [d for _, ds in gathered for d in ds]
+    same = [s for s, w in views[0].items() if w == world and all(v.get(s) == w for v in views)]
+    elastic = [s for v in views for s, w in v.items() if w != world]
+    if elastic and max(elastic) > max(same, default=-1):
+        try:
+            found: Any = (
+                newest_complete(folder, expected) if rank == 0 else _quiet(folder, expected)
+            )
         except CheckpointError as e:
-            error = str(e)
-            break
-        valid.append(step)
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, (valid, damaged, error))
-    for _, _, err in views:
-        if err:
-            raise CheckpointError(err)
-    common = set.intersection(*(set(v) for v, _, _ in views))
-    if common:
-        return max(common)
-    if not any(v or d for v, d, _ in views):
-        return None
-    for _, d, _ in views:
-        if d:
-            raise CheckpointError(d[0])
-    have = "; ".join(f"rank {r} has steps {v}" for r, (v, _, _) in enumerate(views))
+            found = str(e)
+        views = _gather(found)
+        if any(v != views[0] for v in views):
+            seen = "; ".join(f"rank {r} sees {v}" for r, v in enumerate(views))
+            raise CheckpointError(
+                f"the ranks see different checkpoints in {folder} ({seen}); a run resumed with another "
+                "number of workers needs a --checkpoint-dir every rank shares"
+            )
+        return None if views[0] is None else tuple(views[0])
+    if same:
+        return max(same), world
+    if not any(v for v in views) and not damaged:
+        return None  # decided from what every rank saw, so all ranks decide alike
+    if damaged:
+        raise CheckpointError(damaged[0])
+    have = "; ".join(f"rank {r} has steps {sorted(v)}" for r, v in enumerate(views))
     raise CheckpointError(
         f"no checkpoint step in {folder} is intact on every rank ({have}); "
         "restore the missing files or start fresh with a new --checkpoint-dir"
     )
+
+
+def _gather(mine: Any) -> list[Any]:
+    """Every rank's ``mine``; a string is an error one rank hit, raised on all of them."""
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    for v in views:
+        if isinstance(v, str):
+            raise CheckpointError(v)
+    return views
+
+
+def saved_files(folder: str | Path, step: int, world: int) -> list[Path]:
+    """The files of every rank that wrote ``step``, by rank."""
+    return [checkpoint_path(folder, r, step) for r in range(world)]
+
+
+def _quiet(folder: str | Path, expected: dict[str, Any]) -> tuple[int, int] | None:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return newest_complete(folder, expected)

@@ -1,9 +1,16 @@
-"""What a checkpoint holds for one rank, and putting it back.
+"""What a checkpoint holds for one rank, and putting it back, with the same or another world size.
 
-:class:`RunState` is the loop's own progress (step, log, timers, SWA average);
-:class:`Checkpointer` adds the model, optimizer, strategy and RNG states and writes or
-restores them through :mod:`dssync.train.checkpoint`. The data order needs no saved state:
-each epoch's order is a pure function of (seed, epoch, rank), and the step says where in it we are.
+:class:`RunState` is the loop's own progress (step, log, timers); :class:`Checkpointer` adds the
+model, optimizer, strategy, SWA average and RNG states and writes or restores them through
+:mod:`dssync.train.checkpoint`. Everything saved is tensors and plain data, so checkpoints load
+with ``weights_only=True``. The data order needs no saved state: each epoch's order is a pure
+function of (seed, epoch, rank), and the step says where in it we are.
+
+Elastic resume: a run written by N workers and resumed by M != N starts every rank from the mean
+of the N saved models (parameters and floating buffers; integer buffers from saved rank 0), the
+mean of their optimizer states (momentum and the like; the rest from saved rank 0) and the mean of
+their SWA averages. The step continues, the partition schedule is derived for M from it and the
+rate schedule continues from it. RNG states are re-seeded from (step, rank).
 """
 
 from __future__ import annotations
@@ -18,19 +25,17 @@ import numpy as np
 import torch
 
 from dssync.strategies import Strategy
-from dssync.train.checkpoint import (
-    CheckpointError,
-    checkpoint_path,
-    read_checkpoint,
-    write_checkpoint,
-)
-from dssync.train.resume import agree_on_step, check_fits
+from dssync.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from dssync.train.resume import agree_on_step, check_fits, saved_files
 from dssync.train.swa import WeightAverage
 
 
 @dataclass
 class RunState:
-    """The training loop's progress: steps done, per-step log, evaluations, timers, SWA average."""
+    """The training loop's progress: steps done, per-step log, evaluations, timers.
+
+    ``train_s`` adds up the timed steps; ``loop_s`` is read from the clock around the whole loop.
+    """
 
     step: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
@@ -38,8 +43,18 @@ class RunState:
     compute_s: float = 0.0
     sync_s: float = 0.0
     train_s: float = 0.0
-    swa: WeightAverage | None = None
+    loop_s: float = (
+        0.0  # wall time of the loop, steps and all between them (evaluation, checkpoints)
+    )
     resumed_from: int | None = None
+
+
+@dataclass
+class Resumed:
+    """What :meth:`Checkpointer.resume` restored: the loop's progress and the SWA average, if any."""
+
+    run: RunState
+    swa: WeightAverage | None
 
 
 class Checkpointer:
@@ -47,60 +62,144 @@ class Checkpointer:
 
     Example::
 
-        saver = Checkpointer("ckpt", rank, header, strategy, optimizer)
-        run = saver.resume() or RunState()     # all ranks call resume()
+        saver = Checkpointer("ckpt", rank, world, header, strategy, optimizer)
+        found = saver.resume()                 # all ranks call resume(); None: start fresh
         ...
-        saver.save(run)                        # after a step
+        saver.save(run, swa)                   # after a step
     """
 
-    def __init__(self, folder: str | Path, rank: int, header: dict[str, Any], strategy: Strategy,
-                 optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        rank: int,
+        world: int,
+        header: dict[str, Any],
+        strategy: Strategy,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
         self.folder = Path(folder)
-        self.rank = rank
+        self.rank, self.world = rank, world
         self.header = header
         self.strategy = strategy
         self.optimizer = optimizer
 
-    def save(self, run: RunState) -> Path:
+    def save(self, run: RunState, swa: WeightAverage | None) -> Path:
         state = {
             "model": self.strategy.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "strategy": self.strategy.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-            "run": {k: v for k, v in vars(run).items() if k != "swa"},
-            "swa": None if run.swa is None else {"model": run.swa.module.state_dict(), "count": run.swa.count},
+            "rng": _rng_state(),
+            "run": {k: v for k, v in vars(run).items()},
+            "swa": None if swa is None else swa.state_dict(),
         }
         return write_checkpoint(self.folder, self.rank, run.step, self.header, state)
 
-    def resume(self) -> RunState | None:
-        """Load the newest checkpoint every rank holds intact; None (start fresh) when there is none."""
-        step = agree_on_step(self.folder, self.rank, self.header)
-        if step is None:
+    def resume(self) -> Resumed | None:
+        """Load the newest checkpoint complete on disk; None (start fresh) when there is none."""
+        found = agree_on_step(self.folder, self.rank, self.header)
+        if found is None:
             if self.rank == 0:
-                print(f"no checkpoint in {self.folder} yet: starting fresh", file=sys.stderr, flush=True)
+                print(
+                    f"no checkpoint in {self.folder} yet: starting fresh",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return None
-        path = checkpoint_path(self.folder, self.rank, step)
+        step, saved_world = found
+        paths = saved_files(self.folder, step, saved_world)
+        if saved_world == self.world:
+            state = self._read(paths[self.rank])
+        else:
+            state = _merge([self._read(p) for p in paths], base=self.rank % saved_world)
+            state["rng"] = None
+        resumed = self._restore(paths[self.rank % saved_world], state, step)
+        if self.rank == 0:
+            how = (
+                "" if saved_world == self.world else f", written by {saved_world} workers, averaged"
+            )
+            print(f"resuming from step {step} ({self.folder}{how})", file=sys.stderr, flush=True)
+        return resumed
+
+    def _read(self, path: Path) -> dict[str, Any]:
         header, state = read_checkpoint(path)
         check_fits(path, header, self.header)
+        return state
+
+    def _restore(self, path: Path, state: dict[str, Any], step: int) -> Resumed:
+        swa = None
         try:
             self.strategy.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.strategy.load_state_dict(state["strategy"])
+            if state["swa"] is not None:
+                swa = WeightAverage(self.strategy.module)
+                swa.load_state_dict(state["swa"])
         except (RuntimeError, KeyError, ValueError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(
                 f"checkpoint {path} does not fit this run ({first[:200]}); resume with the settings "
                 "that wrote it, or use a new --checkpoint-dir"
             ) from None
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
+        if state["rng"] is None:
+            _seed_rng(step * 1009 + self.rank)
+        else:
+            _set_rng_state(state["rng"])
         run = RunState(**state["run"])
-        if state["swa"] is not None:
-            run.swa = WeightAverage(self.strategy.module)
-            run.swa.module.load_state_dict(state["swa"]["model"])
-            run.swa.count = state["swa"]["count"]
         run.resumed_from = step
-        if self.rank == 0:
-            print(f"resuming from step {step} ({path.parent})", file=sys.stderr, flush=True)
-        return run
+        return Resumed(run, swa)
+
+
+def _merge(states: list[dict[str, Any]], base: int) -> dict[str, Any]:
+    """``states[base]`` with the model, optimizer and SWA states' floating tensors averaged over
+    ``states`` (integer tensors and other values from saved rank 0)."""
+    merged = dict(states[base])
+    for key in ("model", "optimizer", "swa"):
+        if states[0][key] is not None:
+            merged[key] = _mean([s[key] for s in states])
+    return merged
+
+
+def _mean(trees: list[Any]) -> Any:
+    first = trees[0]
+    if isinstance(first, torch.Tensor):
+        if not first.is_floating_point():
+            return first
+        return torch.stack([t.to(torch.float64) for t in trees]).mean(0).to(first.dtype)
+    if isinstance(first, dict):
+        return type(first)((k, _mean([t[k] for t in trees])) for k in first)
+    if isinstance(first, list):
+        return [_mean(list(items)) for items in zip(*trees, strict=True)]
+    return first
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+    }
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_tuples(rng["python"]))
+    n = rng["numpy"]
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def _seed_rng(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)

@@ -1,18 +1,24 @@
 """The extended SWA ensemble: each worker averages its own weights over the final phase of
 training, the final model averages those running means across all workers, then batch-norm
-statistics are re-estimated for the combined weights."""
+statistics are re-estimated for the combined weights.
+
+PyTorch's ``torch.optim.swa_utils`` does the per-worker pieces: :class:`WeightAverage` is an
+``AveragedModel`` (equal-weight running mean of the parameters) and :func:`recompute_batch_norm`
+is ``update_bn``. What stays here is only what they cannot know about: the average across workers
+(:func:`dssync.train.summary.averaged_copy`) and feeding each workload's batches.
+"""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, update_bn
 
 
-class WeightAverage:
-    """Running mean of a module's parameters over the steps it is given.
+class WeightAverage(AveragedModel):
+    """Running mean of a module's parameters over the steps it is given (buffers as at the start).
 
     Example::
 
@@ -25,34 +31,22 @@ class WeightAverage:
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = copy.deepcopy(module)
-        self.count = 0
+        super().__init__(module)
 
-    @torch.no_grad()
+    @property
+    def count(self) -> int:
+        """How many models have been averaged."""
+        return int(self.n_averaged)
+
     def update(self, module: nn.Module) -> None:
-        self.count += 1
-        for avg, p in zip(self.module.parameters(), module.parameters(), strict=True):
-            avg.add_(p.detach() - avg, alpha=1.0 / self.count)
+        self.update_parameters(module)
 
 
-def has_batch_norm(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+def recompute_batch_norm(
+    module: nn.Module, batches: Iterable, device: torch.device | None = None
+) -> None:
+    """Re-estimate batch-norm running statistics with a cumulative mean over ``batches``.
 
-
-@torch.no_grad()
-def recompute_batch_norm(module: nn.Module, batches: Iterable, forward: Callable[[nn.Module, object], object]) -> None:
-    """Re-estimate batch-norm running statistics with a cumulative mean over ``batches``."""
-    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not norms:
-        return
-    saved = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None
-    was_training = module.training
-    module.train()
-    for b in batches:
-        forward(module, b)
-    module.train(was_training)
-    for m, mom in zip(norms, saved, strict=True):
-        m.momentum = mom
+    Each batch is a tensor or a tuple whose first element is the model's input.
+    """
+    update_bn(batches, module, device=device)

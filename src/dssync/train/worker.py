@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import sys
 
+from dssync.launch import exit_quietly
 from dssync.train.config import TrainConfig
 from dssync.train.run import run_training
+from dssync.train.summary import write_json
 
 
 def main(argv: list[str]) -> int:
@@ -24,13 +26,9 @@ def main(argv: list[str]) -> int:
         cfg = TrainConfig(**json.load(f))
     summary = run_training(cfg)
     if summary is not None:
-        from dssync.cli.output import write_json
-
         write_json(argv[1], summary)
     return 0
 
 
 if __name__ == "__main__":
-    from dssync.launch import exit_quietly
-
     exit_quietly(main(sys.argv[1:]))

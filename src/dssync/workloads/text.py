@@ -99,10 +99,11 @@ def mask_tokens(ids: torch.Tensor, vocab_size: int, prob: float = 0.15,
     10% a random word, 10% stay. Returns (inputs, labels) with labels -100 where not picked."""
     special = ids < len(SPECIALS)
     special &= ids != UNK
-    picked = (torch.rand(ids.shape, generator=generator) < prob) & ~special
+    # Drawn on the CPU (where the generator lives) and moved to the batch's device.
+    picked = (torch.rand(ids.shape, generator=generator) < prob).to(ids.device) & ~special
     labels = torch.where(picked, ids, torch.full_like(ids, -100))
-    roll = torch.rand(ids.shape, generator=generator)
-    randoms = torch.randint(len(SPECIALS), vocab_size, ids.shape, generator=generator)
+    roll = torch.rand(ids.shape, generator=generator).to(ids.device)
+    randoms = torch.randint(len(SPECIALS), vocab_size, ids.shape, generator=generator).to(ids.device)
     inputs = torch.where(picked & (roll < 0.8), torch.full_like(ids, MASK), ids)
     inputs = torch.where(picked & (roll >= 0.8) & (roll < 0.9), randoms, inputs)
     return inputs, labels

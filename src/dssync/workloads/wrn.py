@@ -74,14 +74,15 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True) -> torch.
     """Standard CIFAR augmentation on a batch, drawn from torch's global generator."""
     n, _, h, w = x.shape
     padded = nn.functional.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,))
-    dx = torch.randint(0, 2 * pad + 1, (n,))
-    rows = (dy[:, None] + torch.arange(h))[:, None, :, None].expand(n, x.shape[1], h, w + 2 * pad)
+    # Drawn on the CPU (torch's global generator, as before) and moved to the batch's device.
+    dy = torch.randint(0, 2 * pad + 1, (n,)).to(x.device)
+    dx = torch.randint(0, 2 * pad + 1, (n,)).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None].expand(n, x.shape[1], h, w + 2 * pad)
     out = padded.gather(2, rows)
-    cols = (dx[:, None] + torch.arange(w))[:, None, None, :].expand(n, x.shape[1], h, w)
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :].expand(n, x.shape[1], h, w)
     out = out.gather(3, cols)
     if flip:
-        mirror = torch.rand(n) < 0.5
+        mirror = (torch.rand(n) < 0.5).to(x.device)
         out[mirror] = out[mirror].flip(3)
     return out
 

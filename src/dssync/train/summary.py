@@ -1,0 +1,172 @@
+"""What a run reports: evaluations of the averaged model, the SWA ensemble and the final summary.
+
+Every function here is collective (all ranks call it). Models are evaluated on the CPU: the
+evaluation sets are small and the workloads' metrics are written for CPU tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dssync.comm import average_tensors, consensus_distance
+from dssync.strategies import Strategy
+from dssync.train.config import TrainConfig
+from dssync.train.data import RankData
+from dssync.train.state import RunState
+from dssync.train.swa import WeightAverage, recompute_batch_norm
+from dssync.workloads import Workload
+
+
+def averaged_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` holding the mean of every rank's parameters and floating buffers.
+
+    All ranks call this; their own modules are left untouched.
+    """
+    avg = copy.deepcopy(module)
+    tensors = [p for p in avg.parameters()] + [b for b in avg.buffers() if b.is_floating_point()]
+    with torch.no_grad():
+        average_tensors(tensors, None, dist.get_world_size())
+    return avg
+
+
+def model_digest(module: nn.Module) -> str:
+    """sha256 of every parameter and buffer, in order: equal digests mean bit-for-bit equal models."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def evaluate(wl: Workload, module: nn.Module, data) -> dict[str, float]:
+    """``wl``'s metrics of ``module`` on ``data``, computed on a CPU copy when it lives elsewhere."""
+    if next(module.parameters()).device.type != "cpu":
+        module = copy.deepcopy(module).cpu()
+    return wl.evaluate(module, data)
+
+
+def eval_record(
+    wl: Workload, module: nn.Module, test_set, step: int, epoch: int, t: float
+) -> dict[str, Any]:
+    """Metrics of the globally averaged model at ``step``."""
+    metrics = evaluate(wl, averaged_copy(module), test_set)
+    return {
+        "step": step,
+        "epoch": epoch,
+        "time_s": t,
+        **{
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(v)
+        },
+    }
+
+
+def swa_ensemble(
+    wl: Workload, swa: WeightAverage, data: RankData, device: torch.device
+) -> dict[str, float]:
+    """Average every worker's running weight mean, re-estimate batch norm, evaluate."""
+    ensemble = averaged_copy(swa.module)
+    loader = DataLoader(data.local, batch_size=data.batch_size, shuffle=False)
+    recompute_batch_norm(ensemble, loader, device)
+    ensemble = averaged_copy(ensemble)  # every worker's batch-norm estimate, averaged
+    return evaluate(wl, ensemble, data.test)
+
+
+def summarize(
+    cfg: TrainConfig,
+    data: RankData,
+    strategy: Strategy,
+    run: RunState,
+    swa: WeightAverage | None,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The run's summary (the same on every rank): metrics, spread, consensus, time split."""
+    wl, world = data.wl, dist.get_world_size()
+    own = evaluate(wl, strategy.module, data.test)
+    digest = model_digest(strategy.module)
+    distance = consensus_distance(strategy.module)
+    strategy.average_all()
+    final = evaluate(wl, strategy.module, data.test)
+    swa_metric = None if swa is None else swa_ensemble(wl, swa, data, device)[wl.metric_name]
+    per_rank: list[Any] = [None] * world
+    steps_done = max(run.step, 1)
+    dist.all_gather_object(
+        per_rank,
+        {
+            "metric": own[wl.metric_name],
+            "compute_s": run.compute_s,
+            "sync_s": run.sync_s,
+            "train_s": run.train_s,
+            "loop_s": run.loop_s,
+            "digest": digest,
+        },
+    )
+    iters = [(r["compute_s"] + r["sync_s"]) / steps_done for r in per_rank]
+    return {
+        "config": cfg.to_dict(),
+        "world_size": world,
+        "device": str(device),
+        "workload": wl.name,
+        "sync": cfg.sync,
+        "metric_name": wl.metric_name,
+        "higher_is_better": wl.higher_is_better,
+        "final_metric": final[wl.metric_name],
+        "final_loss": final["loss"],
+        "final_accuracy": final.get("accuracy"),
+        "swa_metric": swa_metric,
+        "worker_metric": [r["metric"] for r in per_rank],
+        "worker_accuracy": [r["metric"] for r in per_rank]
+        if wl.metric_name == "accuracy"
+        else None,
+        "consensus_distance": distance,
+        "worker_model_sha256": [r["digest"] for r in per_rank],
+        "steps": run.step,
+        "resumed_from": run.resumed_from,
+        "iter_time_s": float(np.mean(iters)),
+        "rank_iter_time_s": iters,
+        "rank_sync_time_s": [r["sync_s"] / steps_done for r in per_rank],
+        "rank_train_time_s": [r["train_s"] for r in per_rank],
+        "rank_loop_time_s": [r["loop_s"] for r in per_rank],
+        "compute_time_s": float(np.mean([r["compute_s"] / steps_done for r in per_rank])),
+        "sync_time_s": float(np.mean([r["sync_s"] / steps_done for r in per_rank])),
+        "train_time_s": run.train_s,
+        "log": run.log,
+        "evals": run.evals,
+    }
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write ``data`` atomically: a partial file never replaces a good one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=_plain)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plain(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)

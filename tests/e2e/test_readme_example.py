@@ -1,0 +1,37 @@
+"""The README's library example runs as written, on 2 ranks under torchrun, and leaves both ranks
+with the same model. (`make gpu-check` runs the same example on CUDA.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
+_spec = importlib.util.spec_from_file_location("gpu_check", _TOOL)
+gpu_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_check)
+
+
+@pytest.mark.timeout(300)
+def test_readme_library_example_runs_and_ends_with_one_model(tmp_path):
+    code = gpu_check.library_example()
+    assert "loader" in code and "DSSync(" in code and "average_all()" in code
+    r = gpu_check.run_example(code, tmp_path, ranks=2, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = sorted(re.findall(r"rank (\d) model ([0-9a-f]{64}) device (\S+)", r.stdout))
+    assert [f[0] for f in found] == ["0", "1"], r.stdout + r.stderr[-2000:]
+    assert found[0][1] == found[1][1]  # average_all() left both ranks bit-identical
+
+
+@pytest.mark.timeout(120)
+def test_gpu_check_without_cuda_says_so_in_one_line_and_passes():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: `make gpu-check` runs the real checks")
+    r = gpu_check.run([gpu_check.sys.executable, str(_TOOL)], timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines() == [r.stdout.strip()] and "no CUDA device" in r.stdout

@@ -1,0 +1,247 @@
+"""`make gpu-check`: does dssync train and average correctly on a CUDA machine?
+
+    PYTHONPATH=src python3 tools/gpu_check.py
+
+Runs from the source tree on a bare interpreter (torch, scikit-learn, click, rich, tqdm,
+matplotlib; dssync itself need not be installed) and prints one line per check:
+
+1. world size 1 on nccl: 50 steps of `dssync train --device cuda` on the digits data;
+2. two ranks on one GPU, gloo carrying CUDA tensors: after every DS-Sync averaging the ranks of a
+   group hold the same bits, and after `average_all()` every rank does;
+3. the README's library example, as written, on 2 ranks (it picks CUDA when present).
+
+Exits non-zero when any check fails. On a machine without CUDA it says so in one line and exits 0.
+Every check has a time limit; the whole run stays under 5 minutes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+README = ROOT / "README.md"
+
+# Appended to the README example: each rank prints a digest of its final parameters.
+DIGEST_LINES = """
+import hashlib
+digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+print(f"rank {dist.get_rank()} model {digest.hexdigest()} device {next(model.parameters()).device}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with src/ on the path; on timeout kill its whole process group, then raise."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"did not finish within {timeout:.0f} s") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+def check_train_nccl() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        r = run(
+            [
+                sys.executable,
+                "-m",
+                "dssync",
+                "train",
+                "--workload",
+                "digits",
+                "--workers",
+                "1",
+                "--group-size",
+                "1",
+                "--device",
+                "cuda",
+                "--epochs",
+                "2",
+                "--max-steps",
+                "50",
+                "--quiet",
+                "--json",
+                str(out),
+            ],
+            timeout=150,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"exit {r.returncode}: {last_line(r.stderr)}")
+        s = json.loads(out.read_text())
+    if s["steps"] != 50 or not s["device"].startswith("cuda"):
+        raise RuntimeError(f"ran {s['steps']} steps on {s['device']}, expected 50 on cuda")
+    if s["final_accuracy"] < 0.8:
+        raise RuntimeError(f"accuracy {s['final_accuracy']:.3f} after 50 steps, expected >= 0.8")
+    return f"50 steps on {s['device']}, accuracy {s['final_accuracy']:.3f}, {s['iter_time_s'] * 1000:.1f} ms/step"
+
+
+def _digest(module) -> str:
+    h = hashlib.sha256()
+    for t in module.state_dict().values():
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _two_ranks_on_one_gpu() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import dssync
+
+    rank = dist.get_rank()
+    device = torch.device("cuda", 0)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4)
+    ).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = dssync.DSSync(model, schedule=dssync.Shuffle(group_size=2, seed=0), optimizer=opt)
+    if any(p.device != device for p in model.parameters()):
+        raise RuntimeError("DSSync moved the parameters off the GPU")
+    mismatches = 0
+    for _ in range(20):
+        x, y = torch.randn(32, 16, device=device), torch.randint(0, 4, (32,), device=device)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+        seen = [None, None]
+        dist.all_gather_object(seen, _digest(model))
+        mismatches += seen[0] != seen[1]
+    sync.average_all()
+    final = [None, None]
+    dist.all_gather_object(final, _digest(model))
+    return {
+        "mismatches": mismatches,
+        "final": final,
+        "device": str(next(model.parameters()).device),
+    }
+
+
+def check_gloo_cuda() -> str:
+    import torch.multiprocessing  # noqa: F401 - spawn needs it importable in the children
+
+    from dssync.launch import spawn
+
+    results = spawn(
+        _two_ranks_on_one_gpu, 2, timeout_s=150, collective_timeout_s=60, backend="gloo"
+    )
+    r = results[0]
+    if r["device"] != "cuda:0":
+        raise RuntimeError(f"the model ended on {r['device']}")
+    if r["mismatches"]:
+        raise RuntimeError(
+            f"{r['mismatches']} of 20 DS-Sync averagings left the pair with different bits"
+        )
+    if r["final"][0] != r["final"][1]:
+        raise RuntimeError("average_all() left the ranks with different bits")
+    return "20 pair averagings and average_all() bit-identical on cuda:0"
+
+
+def library_example(readme: Path = README) -> str:
+    """The first ```python block under "## Use it in place of DDP" in the README."""
+    text = readme.read_text()
+    section = text[text.index("## Use it in place of DDP") :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def run_example(
+    code: str, folder: Path, ranks: int = 2, timeout: float = 150
+) -> subprocess.CompletedProcess:
+    """The example plus :data:`DIGEST_LINES` under torchrun with ``ranks`` ranks."""
+    script = folder / "example.py"
+    script.write_text(code + DIGEST_LINES)
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ranks}",
+            str(script),
+        ],
+        timeout=timeout,
+        cwd=folder,
+    )
+
+
+def check_readme() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_example(library_example(), Path(tmp))
+    if r.returncode != 0:
+        raise RuntimeError(f"exit {r.returncode}: {last_line(r.stderr)}")
+    found = sorted(re.findall(r"rank (\d) model ([0-9a-f]{64}) device (\S+)", r.stdout))
+    if len(found) != 2 or found[0][1] != found[1][1]:
+        raise RuntimeError(f"ranks did not end with one model: {found}")
+    if not found[0][2].startswith("cuda"):
+        raise RuntimeError(f"the example trained on {found[0][2]}, not CUDA")
+    return f"2 ranks on {found[0][2]}, bit-identical after average_all()"
+
+
+CHECKS = [
+    ("train, world size 1, nccl, --device cuda", check_train_nccl),
+    ("two ranks on one GPU, gloo over CUDA tensors", check_gloo_cuda),
+    ("README library example on CUDA", check_readme),
+]
+
+
+def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            f"gpu-check: no CUDA device on this machine (torch {torch.__version__}); nothing to check"
+        )
+        return 0
+    failed = 0
+    for name, check in CHECKS:
+        t0 = time.monotonic()
+        try:
+            detail = check()
+            print(f"ok    {name}: {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 - each check reports its own failure in one line
+            failed += 1
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            print(f"FAIL  {name}: {first} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(SRC))
+    sys.exit(main())
