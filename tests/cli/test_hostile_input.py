@@ -117,12 +117,10 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 # Raised as a bare ValueError by a module that does not use dssync.errors.UsageError yet: the CLI
 # treats it as a bug (traceback, exit 1) until it does.
-PENDING = {"unknown straggler method"}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(
-    reason="raises a ValueError subclass, not UsageError", strict=False)) if c in PENDING else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_bad_input_exits_2_with_one_line(tmp_path, case):
     if case == "device cuda without CUDA" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
