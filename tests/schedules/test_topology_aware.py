@@ -115,6 +115,12 @@ def test_cycle_grows_with_log2_of_domains():
     assert crossing_pairs(6, 2) == [(0, 4), (1, 5)]  # 2 and 3 have no partner in this round
 
 
+def test_two_racks_plan_as_before_the_hypercube():
+    # the pairs that crossed before racks met along a hypercube: measured 8-worker runs still hold
+    s = TopologyAware(racks(2, 4), cross_every=1)
+    assert [s.crossings(t, 8) for t in range(4)] == [[[3, 6]], [[3, 6]], [[3, 4]], [[3, 6]]]
+
+
 def test_bad_settings_name_the_fix():
     with pytest.raises(UsageError, match="cross_pairs=-1 must be an integer >= 0"):
         TopologyAware(racks(2, 2), cross_pairs=-1)

@@ -123,14 +123,12 @@ class TopologyAware(Schedule):
         groups: list[list[int]] = []
         rng = np.random.default_rng([self.seed, key])
         if key % self.cross_every == 0:
-            for a, b in crossing_pairs(len(pools), key // self.cross_every % self.rounds):
-                for _ in range(min(self.cross_pairs, len(pools[a]), len(pools[b]))):
-                    groups.append(
-                        [
-                            _take(pools[a], int(rng.integers(len(pools[a])))),
-                            _take(pools[b], int(rng.integers(len(pools[b])))),
-                        ]
-                    )
+            event = key // self.cross_every
+            for pair in crossing_pairs(len(pools), event % self.rounds):
+                for i in range(min(self.cross_pairs, *(len(pools[d]) for d in pair))):
+                    # the racks take turns to draw first (two racks plan as they always have)
+                    turn = pair if (event * self.cross_pairs + i) % 2 == 0 else pair[::-1]
+                    groups.append([_take(pools[d], int(rng.integers(len(pools[d])))) for d in turn])
         for i, r in enumerate(self.slow):
             home = next(d for d, dom in enumerate(self.domains) if r in dom)
             if (key + i) % self.slow_every == 0:
