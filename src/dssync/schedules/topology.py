@@ -47,7 +47,7 @@ class TopologyAware(Schedule):
     1 pair (default)            769                 251
     2 pairs                     322                 335
     4 pairs (whole rack)        32                  502
-    1 pair every 2 steps        210                 452
+    1 pair every 2 steps        209                 452
     ==========================  ==================  ================
 
     (1,153 / 482 / 48 steps for 1, 2, 4 pairs at 256 workers; 1,537 / 638 / 64 at 1,024; the
