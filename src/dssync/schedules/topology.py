@@ -9,8 +9,9 @@ The paper's "bottleneck-free" division. At each step:
   otherwise, so a slow host never sets the pace of the others;
 * everyone else is shuffled into groups of ``group_size`` inside their own domain.
 
-After ceil(log2 D) crossing rounds every one of D domains has heard from every other, so the
-number of steps to consensus grows with log2 D, not with D as it would if racks met along a ring.
+After log2 D crossing rounds every one of D domains has heard from every other (D a power of two;
+otherwise a few more), so steps to consensus grow with log2 D, not with D as they would if racks
+met along a ring.
 The pattern repeats every ``repeat`` = lcm(cross_every * ceil(log2 D), slow_every, base_period)
 steps (finite, growing with log2 D: 32 steps for 16 racks, 64 for 256 with crossings every 8), so
 all its groups can be created up front, and it depends only on (step, world size, settings), so
@@ -37,9 +38,10 @@ class TopologyAware(Schedule):
     How wide a crossing should be is a trade-off. One pair (the default) moves 1/(2m) of the
     difference between two racks of m ranks, so the racks' means agree only after several sweeps
     of the hypercube; ``cross_pairs`` = m pairs every member of a rack with one of the other and
-    the racks' means agree exactly after log2 D rounds, but each crossing then shares the uplink
-    m ways. The planner (``dssync plan``, 4M parameters, 50 ms compute, s2-inter-rack: racks of
-    4 behind 200 Mbit/s uplinks, crossings every 8 steps) at 64 workers predicts:
+    the racks' means agree exactly after log2 D rounds (D a power of two), but each crossing then
+    shares the uplink m ways. The planner's model (:mod:`dssync.plan`, 4M parameters, 50 ms
+    compute, s2-inter-rack: racks of 4 behind 200 Mbit/s uplinks, crossings every 8 steps) at 64
+    workers predicts:
 
     ==========================  ==================  ================
     crossing                    steps to 1e-3       ms per iteration
