@@ -25,6 +25,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.side import side_group
 from dssync.train.checkpoint import (
     CheckpointDamaged,
     CheckpointError,
@@ -205,7 +206,7 @@ def agree_on_step(
 def _gather(mine: Any) -> list[Any]:
     """Every rank's ``mine``; a string is an error one rank hit, raised on all of them."""
     views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, mine)
+    dist.all_gather_object(views, mine, group=side_group())  # metadata: gloo, never nccl
     for v in views:
         if isinstance(v, str):
             raise CheckpointError(v)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm import average_tensors, consensus_distance
+from dssync.comm.side import side_group
 from dssync.strategies import Strategy
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
@@ -104,7 +105,7 @@ def summarize(
     swa_metric = None if swa is None else swa_ensemble(wl, swa, data, device)[wl.metric_name]
     per_rank: list[Any] = [None] * world
     steps_done = max(run.step, 1)
-    dist.all_gather_object(
+    dist.all_gather_object(  # metadata: through the gloo side group, never nccl
         per_rank,
         {
             "metric": own[wl.metric_name],
@@ -114,6 +115,7 @@ def summarize(
             "loop_s": run.loop_s,
             "digest": digest,
         },
+        group=side_group(),
     )
     iters = [(r["compute_s"] + r["sync_s"]) / steps_done for r in per_rank]
     return {
