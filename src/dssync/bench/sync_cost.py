@@ -4,7 +4,10 @@ For a flat model of M parameters, every rank times, interleaved step by step:
   raw     one ``dist.all_reduce`` of a flat M-element tensor over this step's DS-Sync group;
   raw_avg the same all_reduce followed by the division by the group size: the least an average
           costs, so ``dssync / raw_avg`` is what the machinery (buckets, groups) adds;
-  dssync  ``DSSync.step()`` over the same groups (buckets, group lookup, averaging);
+  dssync  ``DSSync.step()`` over the same groups (buckets, routing, chunked exchange, step tag);
+  raw_exchange  one whole-buffer ``batch_isend_irecv`` with the partner, then add and halve: the
+          least a point-to-point pair average costs, so ``dssync / raw_exchange`` is what chunking,
+          tags and routing add;
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
 A step's time is the slowest rank's. Raw and DS-Sync run back to back in alternating order, and
@@ -82,6 +85,19 @@ def measure(
     def raw_average(s: int) -> None:
         flat.div_(raw_step(s))
 
+    recv = torch.empty_like(flat)
+
+    def raw_exchange(s: int) -> None:
+        g = group_of(schedule.partition(s, world), rank)
+        if len(g) != 2:  # groups of another size: the all_reduce average
+            raw_average(s)
+            return
+        peer = g[0] if g[1] == rank else g[1]
+        ops = [dist.P2POp(dist.isend, flat, peer), dist.P2POp(dist.irecv, recv, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        flat.add_(recv).div_(2)
+
     def ddp_backward() -> None:
         ddp(x).backward()
 
@@ -97,12 +113,18 @@ def measure(
         "raw": [],
         "raw_avg": [],
         "dssync": [],
+        "raw_exchange": [],
         "ddp_backward": [],
         "local_backward": [],
     }
     for s in range(-2, steps):  # two warm-up steps
         row = {}
-        trio = [("raw", raw_step), ("raw_avg", raw_average), ("dssync", dssync_step)]
+        trio = [
+            ("raw", raw_step),
+            ("raw_avg", raw_average),
+            ("dssync", dssync_step),
+            ("raw_exchange", raw_exchange),
+        ]
         for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
         row["ddp_backward"] = _timed(ddp_backward)
@@ -133,6 +155,10 @@ def measure(
         "overhead_q3": quartiles[2],
         "overhead_of_medians": med["dssync"] / med["raw"],
         "overhead_vs_raw_avg": vs_avg,
+        "raw_exchange_s": med["raw_exchange"],
+        "overhead_vs_raw_exchange": statistics.median(
+            d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)
+        ),
     }
 
 

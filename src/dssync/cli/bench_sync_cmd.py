@@ -71,6 +71,8 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_p
         "overhead",
         "overhead IQR",
         "vs all_reduce + divide",
+        "raw whole-buffer exchange",
+        "vs exchange",
         "DDP grad all-reduce",
         "DDP / DS-Sync",
     ]:
@@ -84,13 +86,16 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_p
             f"{r['overhead']:.3f}x",
             f"{r['overhead_q1']:.2f}-{r['overhead_q3']:.2f}x",
             f"{r['overhead_vs_raw_avg']:.3f}x",
+            fmt_ms(r["raw_exchange_s"]),
+            f"{r['overhead_vs_raw_exchange']:.3f}x",
             fmt_ms(r["ddp_s"]),
             f"{r['ddp_s'] / r['dssync_s']:.2f}x",
         )
     console.print(table)
     console.print(
         "overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back; "
-        "'vs all_reduce + divide' is the same against an all_reduce followed by the division"
+        "'vs all_reduce + divide' is the same against an all_reduce followed by the division; "
+        "'vs exchange' against one whole-buffer send/recv with the partner, then add and halve"
     )
     if json_path:
         write_json(json_path, rows)

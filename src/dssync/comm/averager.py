@@ -156,7 +156,6 @@ class GroupAverager(ModelAverager):
         warmup_steps: int = 0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         super().__init__(process_group)
         if warmup_steps < 0:
@@ -167,7 +166,7 @@ class GroupAverager(ModelAverager):
         self.warmup_steps = warmup_steps
         self.member = not dist._rank_not_in_group(self.process_group)
         self.router = (
-            Router(self.process_group, self.schedule, timeout_s, bucket_bytes, chunk_bytes)
+            Router(self.process_group, self.schedule, timeout_s, bucket_bytes)
             if self.member
             else None
         )

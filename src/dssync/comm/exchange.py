@@ -165,7 +165,7 @@ class Exchange:
         slots = []  # (buffer index, slice, first op index) per chunk, in order
         for i, b in enumerate(buffers):
             for p in peers:
-                key = (p if len(peers) > 1 else -1, i)
+                key = (peers.index(p), i)  # by position: memory stays k-1 buffers
                 if (
                     key not in self._recv
                     or self._recv[key].shape != b.shape
@@ -176,7 +176,7 @@ class Exchange:
             for sl in self._chunks(b):
                 slots.append((i, sl, len(ops)))
                 for p in peers:
-                    theirs = self._recv[(p if len(peers) > 1 else -1, i)]
+                    theirs = self._recv[(peers.index(p), i)]
                     ops += [
                         dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
                         dist.P2POp(dist.irecv, theirs[sl], self._global(p), self.parent),
@@ -197,9 +197,9 @@ class Exchange:
                 wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
             own = buffers[i][sl]
             if k == 2:  # x_a + x_b is the same on both ranks: addition commutes exactly
-                own.add_(self._recv[(-1, i)][sl]).div_(2)
+                own.add_(self._recv[(0, i)][sl]).div_(2)
                 continue
-            parts = [own if r == self.rank else self._recv[(r, i)][sl] for r in group]
+            parts = [own if r == self.rank else self._recv[(peers.index(r), i)][sl] for r in group]
             total = parts[0].clone()
             for part in parts[1:]:
                 total.add_(part)

@@ -167,6 +167,10 @@ class DSSync(Strategy, Joinable):
         """Average with ``group`` (a subclass may time or wrap this)."""
         self._average(group, len(group))
 
+    def line_up(self, group: list[int]) -> None:
+        """Wait until every member of ``group`` reached this step (a tag-only exchange, no data)."""
+        self.router.average(group, STEP, self.steps)
+
     def _advanced(self) -> None:
         """Called after each step moved to the next partition (a subclass may re-plan here)."""
 
