@@ -61,6 +61,14 @@ class DSSync(Strategy, Joinable):
             opt.step(); opt.zero_grad()
             sync.step()
         sync.average_all()
+
+    With uneven data, ranks that run out keep serving their groups until every rank is done::
+
+        from torch.distributed.algorithms.join import Join
+        with Join([sync]):
+            for x in my_batches:                 # a different count on each rank
+                ...; opt.step(); sync.step()
+        sync.average_all()
     """
 
     name = "dssync"
