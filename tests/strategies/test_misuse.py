@@ -113,7 +113,7 @@ def _odd(setting: str):
         ),
         (
             "optimizer",
-            "optimizer (given or not, its type and parameter shapes): ranks [1] differ from rank 0; "
+            "optimizer (given or not, its type and parameter shapes): ranks [0] differ from rank 1; "
             "pass optimizer= on every rank or on none",
         ),
         ("average_buffers", "average_buffers: ranks [1] differ from rank 0"),

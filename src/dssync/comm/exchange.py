@@ -4,13 +4,16 @@ Both paths take flat buffers on the parameters' device, a :class:`~dssync.comm.t
 deadline; both leave every member with bit-identical buffers (the group mean) or raise.
 
 * :class:`Exchange` averages a group of ranks of one parent group by ``dist.batch_isend_irecv``
-  on that parent group, so no process group is ever created for it. Each member sends its tag,
-  then its buffers cut into chunks of ``chunk_bytes``, to every other member and receives theirs.
-  The chunks are posted at once and combined in order as they arrive, so a pair sending both ways
-  keeps the link busy while the previous chunk is summed instead of moving one whole buffer each
-  way and waiting. Members sum in group order (not "mine first"), so all of them compute the same
-  floating-point sum. Tags are compared exactly before any received byte is used. A group of k
-  moves k-1 buffers per member: meant for pairs and small groups of a schedule that never repeats.
+  on that parent group, so no process group is ever created for it. Buffers are cut into chunks
+  of ``chunk_bytes``, all posted at once and combined in order as they arrive, so the link stays
+  busy while an earlier chunk is summed. A pair works like a two-rank all_reduce: each rank sends
+  the half of a chunk its peer owns, averages the half it owns, and sends that back; bytes per
+  direction equal a whole-buffer exchange, each rank adds only half, and both hold the same bits.
+  (A whole-buffer swap, tried before, cost more than all_reduce on loopback and on the emulated
+  cluster.) A larger group swaps whole chunks with every member and each member sums them in
+  group order, so all compute the same floating-point sum; it moves k-1 buffers per member and is
+  meant for small groups of a schedule that never repeats. Tags are compared exactly before any
+  received byte is used.
 * :func:`collective_average` divides each buffer by the group size and all-reduces it (exactly as
   PyTorch's ``model_averaging.utils.average_parameters``), with the tag all-reduced beside it.
 
@@ -37,7 +40,9 @@ import torch.distributed as dist
 from dssync.comm.tags import BROADCAST, Tag, check_peers, check_spread
 from dssync.errors import PeerLost
 
-DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+DEFAULT_CHUNK_BYTES = (
+    16 * 1024 * 1024
+)  # loopback favoured whole buffers; larger models still pipeline
 
 
 def wait(
@@ -153,6 +158,9 @@ class Exchange:
         peers = [r for r in group if r != self.rank]
         if not peers:
             return
+        if len(peers) == 1:
+            self._pair(buffers, group, peers[0], tag, timeout_s, deadline)
+            return
         device = buffers[0].device if buffers else torch.device("cpu")
         mine = tag.tensor(device)
         tags = {p: torch.empty_like(mine) for p in peers}
@@ -196,14 +204,94 @@ class Exchange:
                 wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
                 wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
             own = buffers[i][sl]
-            if k == 2:  # x_a + x_b is the same on both ranks: addition commutes exactly
-                own.add_(self._recv[(0, i)][sl]).div_(2)
-                continue
             parts = [own if r == self.rank else self._recv[(peers.index(r), i)][sl] for r in group]
             total = parts[0].clone()
             for part in parts[1:]:
                 total.add_(part)
             own.copy_(total.div_(k))
+
+    def _pair(
+        self,
+        buffers: Sequence[torch.Tensor],
+        group: list[int],
+        peer: int,
+        tag: Tag,
+        timeout_s: float,
+        deadline: float,
+    ) -> None:
+        """Two ranks: each averages half of every chunk and sends it back (as a 2-rank all_reduce).
+
+        Phase 1 sends the half the peer owns and receives the peer's copy of the half this rank
+        owns; this rank averages its half; phase 2 sends the averaged half and receives the
+        peer's straight into place. Bytes per direction are those of a whole-buffer exchange,
+        but each rank adds only half, and both end with the same bits (each half computed once).
+        """
+        g = self._global(peer)
+        first = self.rank < peer  # the lower rank owns the first half of each chunk
+
+        def done(work) -> None:
+            wait(work, deadline, tag, group, timeout_s, [peer])
+
+        device = buffers[0].device if buffers else torch.device("cpu")
+        mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
+        ops = [
+            dist.P2POp(dist.isend, mine, g, self.parent),
+            dist.P2POp(dist.irecv, theirs, g, self.parent),
+        ]
+        plan = []  # (buffer, own half, peer's half, recv buffer)
+        for i, b in enumerate(buffers):
+            recv = self._recv.get((0, i))
+            if (
+                recv is None
+                or recv.shape != b.shape
+                or recv.dtype != b.dtype
+                or recv.device != b.device
+            ):
+                recv = self._recv[(0, i)] = torch.empty_like(b)
+            for sl in self._chunks(b):
+                mid = sl.start + (sl.stop - sl.start) // 2
+                own, other = (
+                    (slice(sl.start, mid), slice(mid, sl.stop))
+                    if first
+                    else (slice(mid, sl.stop), slice(sl.start, mid))
+                )
+                at = len(ops)
+                ops += _nonempty(
+                    [
+                        dist.P2POp(dist.isend, b[other], g, self.parent),
+                        dist.P2POp(dist.irecv, recv[own], g, self.parent),
+                    ]
+                )  # a one-element chunk has an empty half on each side: both skip it alike
+                plan.append((b, own, other, recv, range(at, len(ops))))
+        works = dist.batch_isend_irecv(ops)
+        coalesced = len(works) != len(ops)
+        if coalesced:  # a backend that returns one work for the whole batch
+            for w in works:
+                done(w)
+        else:
+            done(works[0])
+            done(works[1])
+        check_peers(tag, {peer: theirs}, group)
+        back = []
+        for b, own, other, recv, span in plan:
+            if not coalesced:
+                for j in span:  # b[other] sent (it may now be overwritten); my half arrived
+                    done(works[j])
+            b[own].add_(recv[own]).div_(2)
+            phase2 = _nonempty(
+                [
+                    dist.P2POp(dist.isend, b[own], g, self.parent),
+                    dist.P2POp(dist.irecv, b[other], g, self.parent),
+                ]
+            )
+            if phase2:
+                back += dist.batch_isend_irecv(phase2)
+        for w in back:
+            done(w)
+
+
+def _nonempty(ops: list) -> list:
+    return [op for op in ops if op.tensor.numel() > 0]
 
 
 def collective_average(
