@@ -26,9 +26,37 @@ def test_measure_reports_paired_overhead():
 
 def test_cli_prints_and_writes_json(tmp_path):
     path = tmp_path / "b.json"
-    r = subprocess.run([sys.executable, "-m", "dssync", "bench-sync", "--params", "20000", "--workers", "2",
-                        "--steps", "3", "--json", str(path)], capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dssync",
+            "bench-sync",
+            "--params",
+            "20000",
+            "--workers",
+            "2",
+            "--steps",
+            "3",
+            "--json",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     assert "overhead" in r.stdout and "DDP" in r.stdout
     rows = json.loads(path.read_text())
     assert [row["world_size"] for row in rows] == [2] and rows[0]["overhead"] > 0
+
+
+def test_scale_makes_no_group_after_step1_while_the_old_path_does():
+    from dssync.bench.sync_cost import measure_scale
+
+    r = spawn(measure_scale, 4, args=(2_000, 12), timeout_s=180)[0]
+    assert r["new_groups_after_step1"] == 0
+    assert r["old_groups_after_step1"] > 0  # 4 ranks have 6 pairs; step 1 meets at most 2
+    for key in ("new_p50_s", "new_p99_s", "old_p50_s", "tag_p50_s", "new_start_s"):
+        assert r[key] > 0, key
+    assert r["new_p50_s"] <= r["new_p99_s"]

@@ -4,7 +4,10 @@ For a flat model of M parameters, every rank times, interleaved step by step:
   raw     one ``dist.all_reduce`` of a flat M-element tensor over this step's DS-Sync group;
   raw_avg the same all_reduce followed by the division by the group size: the least an average
           costs, so ``dssync / raw_avg`` is what the machinery (buckets, groups) adds;
-  dssync  ``DSSync.step()`` over the same groups (buckets, group lookup, averaging);
+  dssync  ``DSSync.step()`` over the same groups (buckets, routing, chunked exchange, step tag);
+  raw_exchange  one whole-buffer ``batch_isend_irecv`` with the partner, then add and halve: the
+          least a point-to-point pair average costs, so ``dssync / raw_exchange`` is what chunking,
+          tags and routing add;
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
 A step's time is the slowest rank's. Raw and DS-Sync run back to back in alternating order, and
@@ -53,7 +56,9 @@ def _timed(fn) -> float:
     return _slowest(time.perf_counter() - t0)
 
 
-def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0) -> dict[str, Any]:
+def measure(
+    numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0
+) -> dict[str, Any]:
     """Run on every rank of an initialized process group; returns medians in seconds."""
     world, rank = dist.get_world_size(), dist.get_rank()
     schedule = Shuffle(group_size, seed=seed, period=8)
@@ -80,6 +85,19 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
     def raw_average(s: int) -> None:
         flat.div_(raw_step(s))
 
+    recv = torch.empty_like(flat)
+
+    def raw_exchange(s: int) -> None:
+        g = group_of(schedule.partition(s, world), rank)
+        if len(g) != 2:  # groups of another size: the all_reduce average
+            raw_average(s)
+            return
+        peer = g[0] if g[1] == rank else g[1]
+        ops = [dist.P2POp(dist.isend, flat, peer), dist.P2POp(dist.irecv, recv, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        flat.add_(recv).div_(2)
+
     def ddp_backward() -> None:
         ddp(x).backward()
 
@@ -91,11 +109,22 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
         sync.steps = s
         sync.step()
 
-    times: dict[str, list[float]] = {"raw": [], "raw_avg": [], "dssync": [], "ddp_backward": [],
-                                     "local_backward": []}
+    times: dict[str, list[float]] = {
+        "raw": [],
+        "raw_avg": [],
+        "dssync": [],
+        "raw_exchange": [],
+        "ddp_backward": [],
+        "local_backward": [],
+    }
     for s in range(-2, steps):  # two warm-up steps
         row = {}
-        trio = [("raw", raw_step), ("raw_avg", raw_average), ("dssync", dssync_step)]
+        trio = [
+            ("raw", raw_step),
+            ("raw_avg", raw_average),
+            ("dssync", dssync_step),
+            ("raw_exchange", raw_exchange),
+        ]
         for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
         row["ddp_backward"] = _timed(ddp_backward)
@@ -106,12 +135,105 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    vs_avg = statistics.median(d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True))
+    vs_avg = statistics.median(
+        d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True)
+    )
     return {
-        "world_size": world, "numel": numel, "group_size": group_size, "steps": steps, "bucket_mb": bucket_mb,
-        "raw_s": med["raw"], "raw_avg_s": med["raw_avg"], "dssync_s": med["dssync"],
+        "world_size": world,
+        "numel": numel,
+        "group_size": group_size,
+        "steps": steps,
+        "bucket_mb": bucket_mb,
+        "raw_s": med["raw"],
+        "raw_avg_s": med["raw_avg"],
+        "dssync_s": med["dssync"],
         "ddp_s": max(med["ddp_backward"] - med["local_backward"], 0.0),
-        "ddp_backward_s": med["ddp_backward"], "local_backward_s": med["local_backward"],
-        "overhead": statistics.median(ratios), "overhead_q1": quartiles[0], "overhead_q3": quartiles[2],
-        "overhead_of_medians": med["dssync"] / med["raw"], "overhead_vs_raw_avg": vs_avg,
+        "ddp_backward_s": med["ddp_backward"],
+        "local_backward_s": med["local_backward"],
+        "overhead": statistics.median(ratios),
+        "overhead_q1": quartiles[0],
+        "overhead_q3": quartiles[2],
+        "overhead_of_medians": med["dssync"] / med["raw"],
+        "overhead_vs_raw_avg": vs_avg,
+        "raw_exchange_s": med["raw_exchange"],
+        "overhead_vs_raw_exchange": statistics.median(
+            d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)
+        ),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def measure_scale(numel: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """Many ranks, ``Shuffle(2)`` that never repeats: today's averaging core against the old path.
+
+    new: ``DSSync.step()`` (pairs by point-to-point exchange on the world group, tagged);
+    old: the previous path, a :class:`~dssync.comm.GroupCache` that makes a process group for each
+         new pair (every rank enters ``new_group``), then all_reduce and divide;
+    tag: the tag alone (an exchange with no data), i.e. what step checking adds to an average.
+    Each op is timed on every rank after a barrier; a step's time is the slowest rank's. Returns
+    start-up seconds, p50/p99 per-step seconds and the process groups created after step 1.
+    """
+    from dssync.comm import FlatBuckets, GroupCache
+    from dssync.comm.tags import STEP
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    schedule = Shuffle(2, seed=seed)
+    torch.manual_seed(0)
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    sync = DSSync(FlatModel(numel), schedule=schedule, broadcast_init=False)
+    new_start = _slowest(time.perf_counter() - t0)
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    cache = GroupCache(max_groups=128)
+    old_buckets = FlatBuckets(list(FlatModel(numel).parameters()))
+    old_start = _slowest(time.perf_counter() - t0)
+
+    local = torch.zeros(3, steps, dtype=torch.float64)
+    made: dict[str, int] = {}
+    for s in range(steps):
+        group = group_of(schedule.partition(s, world), rank)
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync.steps = s
+        sync.step()
+        local[0, s] = time.perf_counter() - t0
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        cache.prepare(schedule.partition(s, world))
+        pg = cache.get(group)
+        for b in old_buckets.buffers:
+            dist.all_reduce(b, group=pg)
+            b.div_(len(group))
+        local[1, s] = time.perf_counter() - t0
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync.router.average(group, STEP, s)  # no buffers: the tag alone
+        local[2, s] = time.perf_counter() - t0
+        if s == 0:
+            made = {"new": sync.groups_created, "old": cache.created}
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    new, old, tag = (local[i].tolist() for i in range(3))
+    return {
+        "world_size": world,
+        "numel": numel,
+        "steps": steps,
+        "new_start_s": new_start,
+        "old_start_s": old_start,
+        "new_groups_after_step1": sync.groups_created - made["new"],
+        "old_groups_after_step1": cache.created - made["old"],
+        "new_p50_s": _quantile(new, 0.5),
+        "new_p99_s": _quantile(new, 0.99),
+        "old_p50_s": _quantile(old, 0.5),
+        "old_p99_s": _quantile(old, 0.99),
+        "tag_p50_s": _quantile(tag, 0.5),
+        "tag_p99_s": _quantile(tag, 0.99),
     }

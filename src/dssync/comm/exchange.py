@@ -1,0 +1,340 @@
+"""How bytes move for one group average: point-to-point exchange, or a collective on a made group.
+
+Both paths take flat buffers on the parameters' device, a :class:`~dssync.comm.tags.Tag`, and a
+deadline; both leave every member with bit-identical buffers (the group mean) or raise.
+
+* :class:`Exchange` averages a group of ranks of one parent group by ``dist.batch_isend_irecv``
+  on that parent group, so no process group is ever created for it. Buffers are cut into chunks
+  of ``chunk_bytes``, all posted at once and combined in order as they arrive, so the link stays
+  busy while an earlier chunk is summed. A pair works like a two-rank all_reduce: each rank sends
+  the half of a chunk its peer owns, averages the half it owns, and sends that back; bytes per
+  direction equal a whole-buffer exchange, each rank adds only half, and both hold the same bits.
+  (A whole-buffer swap, tried before, cost more than all_reduce on loopback and on the emulated
+  cluster.) A larger group swaps whole chunks with every member and each member sums them in
+  group order, so all compute the same floating-point sum; it moves k-1 buffers per member and is
+  meant for small groups of a schedule that never repeats. Tags are compared exactly before any
+  received byte is used.
+* :func:`collective_average` divides each buffer by the group size and all-reduces it (exactly as
+  PyTorch's ``model_averaging.utils.average_parameters``), with the tag all-reduced beside it.
+
+Every wait is bounded by the deadline; a wait that fails or expires raises
+:class:`~dssync.errors.PeerLost` naming the step, the group and, for an exchange, the peer that
+never answered. Failures are recognised by where they happen (the wait of our own operation), not
+by the words of the message.
+
+Example::
+
+    ex = Exchange(parent_pg)
+    ex.average(buffers, group=[0, 3], tag=Tag(STEP, 7, layout_of(buffers)), timeout_s=60)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dssync.comm.tags import BROADCAST, Tag, check_peers, check_spread
+from dssync.errors import PeerLost
+
+DEFAULT_CHUNK_BYTES = (
+    16 * 1024 * 1024
+)  # loopback favoured whole buffers; larger models still pipeline
+
+
+def wait(
+    work,
+    deadline: float,
+    tag: Tag,
+    group: list[int],
+    timeout_s: float,
+    peers: list[int] | None = None,
+    roll: RollCall | None = None,
+) -> None:
+    """Wait for ``work`` until ``deadline`` (monotonic seconds); raise PeerLost if it fails.
+
+    ``peers`` are the ranks this work waits on when known (an exchange); otherwise ``roll``, if
+    given, finds which ranks of ``group`` never reached this point.
+    """
+    if work is None:
+        return
+    left = max(deadline - time.monotonic(), 0.001)
+    try:
+        work.wait(timeout=timedelta(seconds=left))
+    except (dist.DistError, RuntimeError) as e:
+        if peers is None and roll is not None:
+            peers = roll.missing(group, timeout_s)
+        who = (
+            f"rank {peers[0]} never came"
+            if peers and len(peers) == 1
+            else (f"ranks {peers} never came" if peers else "some rank of the group never came")
+        )
+        raise PeerLost(
+            f"{tag.describe()} in group {group}: {who} within timeout_s={timeout_s:g} "
+            f"(stopped, crashed, or at another step); cause: {type(e).__name__}",
+            step=tag.step,
+            group=group,
+            ranks=peers,
+        ) from e
+
+
+class RollCall:
+    """After a collective failed, find which ranks of its group never came (point to point).
+
+    Uses a gloo group of its own over the parent group's ranks, made at construction: the
+    failed collective may have closed connections of the training group. Each member that
+    reached the failure reports to the group's first rank that answers; the ranks that do not
+    report within a short wait are the ones that never came, and every member learns the list.
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+        parent = process_group if process_group is not None else dist.group.WORLD
+        self.parent = parent
+        self.rank = dist.get_rank(parent)
+        ranks = dist.get_process_group_ranks(parent)
+        local = len(ranks) != dist.get_world_size()
+        self.pg = dist.new_group(ranks, backend="gloo", use_local_synchronization=local)
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
+
+    def missing(self, group: list[int], timeout_s: float) -> list[int]:
+        wait_s = timedelta(seconds=min(timeout_s, 10.0))
+        leader, n = group[0], len(group)
+        try:
+            if self.rank == leader:
+                flags = {r: torch.zeros(1, dtype=torch.int64) for r in group if r != leader}
+                works = {r: dist.irecv(f, self._global(r), group=self.pg) for r, f in flags.items()}
+                absent = []
+                for r, w in works.items():
+                    try:
+                        w.wait(timeout=wait_s)
+                    except (dist.DistError, RuntimeError):
+                        absent.append(r)
+                answer = torch.full((n,), -1, dtype=torch.int64)
+                answer[: len(absent)] = torch.tensor(absent, dtype=torch.int64)
+                for r in works:
+                    if r not in absent:
+                        dist.isend(answer, self._global(r), group=self.pg).wait(timeout=wait_s)
+                return absent
+            dist.isend(torch.ones(1, dtype=torch.int64), self._global(leader), group=self.pg).wait(
+                timeout=wait_s
+            )
+            answer = torch.empty(n, dtype=torch.int64)
+            dist.irecv(answer, self._global(leader), group=self.pg).wait(timeout=wait_s)
+            return [int(r) for r in answer.tolist() if r >= 0]
+        except (dist.DistError, RuntimeError):
+            return [leader]
+
+
+class Exchange:
+    """Group averages by point-to-point messages on one parent group (no group creation).
+
+    ``group`` ranks are ranks of ``process_group``. Receive buffers are kept between calls.
+    """
+
+    def __init__(
+        self, process_group: dist.ProcessGroup | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> None:
+        self.parent = process_group if process_group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.parent)
+        self.chunk_bytes = chunk_bytes
+        self._recv: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
+
+    def _chunks(self, b: torch.Tensor) -> list[slice]:
+        step = max(self.chunk_bytes // b.element_size(), 1)
+        return [slice(i, min(i + step, b.numel())) for i in range(0, b.numel(), step)]
+
+    def average(
+        self, buffers: Sequence[torch.Tensor], group: list[int], tag: Tag, timeout_s: float
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        peers = [r for r in group if r != self.rank]
+        if not peers:
+            return
+        if len(peers) == 1:
+            self._pair(buffers, group, peers[0], tag, timeout_s, deadline)
+            return
+        device = buffers[0].device if buffers else torch.device("cpu")
+        mine = tag.tensor(device)
+        tags = {p: torch.empty_like(mine) for p in peers}
+        ops = []
+        for p in peers:
+            ops += [
+                dist.P2POp(dist.isend, mine, self._global(p), self.parent),
+                dist.P2POp(dist.irecv, tags[p], self._global(p), self.parent),
+            ]
+        slots = []  # (buffer index, slice, first op index) per chunk, in order
+        for i, b in enumerate(buffers):
+            for p in peers:
+                key = (peers.index(p), i)  # by position: memory stays k-1 buffers
+                if (
+                    key not in self._recv
+                    or self._recv[key].shape != b.shape
+                    or self._recv[key].dtype != b.dtype
+                    or self._recv[key].device != b.device
+                ):
+                    self._recv[key] = torch.empty_like(b)
+            for sl in self._chunks(b):
+                slots.append((i, sl, len(ops)))
+                for p in peers:
+                    theirs = self._recv[(peers.index(p), i)]
+                    ops += [
+                        dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
+                        dist.P2POp(dist.irecv, theirs[sl], self._global(p), self.parent),
+                    ]
+        works = dist.batch_isend_irecv(ops)
+        if len(works) != len(ops):  # a backend that coalesces the batch into one work
+            for w in works:
+                wait(w, deadline, tag, group, timeout_s, peers)
+            works = [None] * len(ops)
+        for j, p in enumerate(peers):
+            wait(works[2 * j], deadline, tag, group, timeout_s, [p])
+            wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p])
+        check_peers(tag, tags, group)
+        k = len(group)
+        for i, sl, first in slots:
+            for j, p in enumerate(peers):
+                wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
+                wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
+            own = buffers[i][sl]
+            parts = [own if r == self.rank else self._recv[(peers.index(r), i)][sl] for r in group]
+            total = parts[0].clone()
+            for part in parts[1:]:
+                total.add_(part)
+            own.copy_(total.div_(k))
+
+    def _pair(
+        self,
+        buffers: Sequence[torch.Tensor],
+        group: list[int],
+        peer: int,
+        tag: Tag,
+        timeout_s: float,
+        deadline: float,
+    ) -> None:
+        """Two ranks: each averages half of every chunk and sends it back (as a 2-rank all_reduce).
+
+        Phase 1 sends the half the peer owns and receives the peer's copy of the half this rank
+        owns; this rank averages its half; phase 2 sends the averaged half and receives the
+        peer's straight into place. Bytes per direction are those of a whole-buffer exchange,
+        but each rank adds only half, and both end with the same bits (each half computed once).
+        """
+        g = self._global(peer)
+        first = self.rank < peer  # the lower rank owns the first half of each chunk
+
+        def done(work) -> None:
+            wait(work, deadline, tag, group, timeout_s, [peer])
+
+        device = buffers[0].device if buffers else torch.device("cpu")
+        mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
+        ops = [
+            dist.P2POp(dist.isend, mine, g, self.parent),
+            dist.P2POp(dist.irecv, theirs, g, self.parent),
+        ]
+        plan = []  # (buffer, own half, peer's half, recv buffer)
+        for i, b in enumerate(buffers):
+            recv = self._recv.get((0, i))
+            if (
+                recv is None
+                or recv.shape != b.shape
+                or recv.dtype != b.dtype
+                or recv.device != b.device
+            ):
+                recv = self._recv[(0, i)] = torch.empty_like(b)
+            for sl in self._chunks(b):
+                mid = sl.start + (sl.stop - sl.start) // 2
+                own, other = (
+                    (slice(sl.start, mid), slice(mid, sl.stop))
+                    if first
+                    else (slice(mid, sl.stop), slice(sl.start, mid))
+                )
+                at = len(ops)
+                ops += _nonempty(
+                    [
+                        dist.P2POp(dist.isend, b[other], g, self.parent),
+                        dist.P2POp(dist.irecv, recv[own], g, self.parent),
+                    ]
+                )  # a one-element chunk has an empty half on each side: both skip it alike
+                plan.append((b, own, other, recv, range(at, len(ops))))
+        works = dist.batch_isend_irecv(ops)
+        coalesced = len(works) != len(ops)
+        if coalesced:  # a backend that returns one work for the whole batch
+            for w in works:
+                done(w)
+        else:
+            done(works[0])
+            done(works[1])
+        check_peers(tag, {peer: theirs}, group)
+        back = []
+        for b, own, other, recv, span in plan:
+            if not coalesced:
+                for j in span:  # b[other] sent (it may now be overwritten); my half arrived
+                    done(works[j])
+            b[own].add_(recv[own]).div_(2)
+            phase2 = _nonempty(
+                [
+                    dist.P2POp(dist.isend, b[own], g, self.parent),
+                    dist.P2POp(dist.irecv, b[other], g, self.parent),
+                ]
+            )
+            if phase2:
+                back += dist.batch_isend_irecv(phase2)
+        for w in back:
+            done(w)
+
+
+def _nonempty(ops: list) -> list:
+    return [op for op in ops if op.tensor.numel() > 0]
+
+
+def collective_average(
+    buffers: Sequence[torch.Tensor],
+    process_group: dist.ProcessGroup | None,
+    group: list[int],
+    tag: Tag,
+    timeout_s: float,
+    roll: RollCall | None = None,
+) -> None:
+    """Average ``buffers`` over all ranks of ``process_group`` (divide, then all-reduce), tagged."""
+    deadline = time.monotonic() + timeout_s
+    device = buffers[0].device if buffers else torch.device("cpu")
+    spread = tag.spread(device)
+    works = [dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
+    for b in buffers:
+        b.div_(len(group))
+        works.append(dist.all_reduce(b, group=process_group, async_op=True))
+    for w in works:
+        wait(w, deadline, tag, group, timeout_s, roll=roll)
+    check_spread(tag, spread, group)
+
+
+def broadcast_tensors(
+    tensors: Sequence[torch.Tensor],
+    src: int,
+    process_group: dist.ProcessGroup | None,
+    timeout_s: float,
+    roll: RollCall | None = None,
+) -> None:
+    """Overwrite ``tensors`` with group rank ``src``'s, packed per dtype (one broadcast each)."""
+    from dssync.comm.buckets import pack, unpack
+
+    tag = Tag(BROADCAST, 0, 0)
+    deadline = time.monotonic() + timeout_s
+    members = list(range(dist.get_world_size(process_group)))
+    g_src = (
+        src
+        if process_group in (None, dist.group.WORLD)
+        else dist.get_global_rank(process_group, src)
+    )
+    flats = pack(tensors)
+    works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
+    for w in works:
+        wait(w, deadline, tag, members, timeout_s, roll=roll)
+    unpack(flats)

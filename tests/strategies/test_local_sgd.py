@@ -1,0 +1,33 @@
+"""Local SGD: ranks drift apart between averages and hold the global mean right after one."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dssync import LocalSGD
+from dssync.launch import spawn
+
+
+def _local_sgd():
+    rank = dist.get_rank()
+    m = nn.Linear(3, 2)
+    strategy = LocalSGD(m, period=2)
+    seen = []
+    for _ in range(4):
+        with torch.no_grad():
+            m.weight.add_(rank + 1)
+        strategy.after_step()
+        seen.append(m.weight.detach().clone())
+    return seen
+
+
+def test_average_every_period_steps():
+    out = spawn(_local_sgd, 3, timeout_s=120)
+    start = out[0][1] - 2 * 2  # rank 0's weight after step 2 is the mean: start + 2 * mean(1, 2, 3)
+    for rank, seen in enumerate(out):
+        assert not torch.equal(seen[0], out[(rank + 1) % 3][0])  # step 1: no average yet
+        for s in (1, 3):  # steps 2 and 4: every rank holds the same mean
+            assert torch.equal(seen[s], out[0][s])
+    torch.testing.assert_close(out[0][3], start + 4 * 2.0)
