@@ -10,6 +10,7 @@ can be checked here instead:
   refuse it for living on the CPU. Exception: torch's own ``DistributedDataParallel`` sends an
   int64 shape check and int64 buffers through the group; on nccl it places them on the
   parameters' device, so calls made from inside ``torch/nn/parallel/distributed.py`` pass.
+  dssync's own step tags (int64, 3 or 6 elements, made on the data's device) pass too.
 * **operations.** ``monitored_barrier`` and ``recv_anysource`` (gloo only), sparse tensors, and the
   bitwise reductions are refused, as nccl refuses them.
 
@@ -55,6 +56,15 @@ def _tensors(value: object) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
+def _is_tag(t: torch.Tensor) -> bool:
+    """dssync's step tag: int64 ``[kind, step, layout]`` (point to point) or ``[t, -t]`` (MAX).
+
+    The averaging core makes it on the data's device (``Tag.tensor(device)``), so nccl takes it;
+    it is recognised here by dtype and size, the one int64 shape the training group may carry.
+    """
+    return t.dtype == torch.int64 and t.numel() in (3, 6)
+
+
 def _from_ddp() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
@@ -88,7 +98,7 @@ class StrictGroup(dist.ProcessGroup):
                 raise Refused(
                     f"strict group refused {op} of a sparse tensor (nccl has no sparse path)"
                 )
-            if t.dtype != DATA_DTYPE and not _from_ddp():
+            if t.dtype != DATA_DTYPE and not _is_tag(t) and not _from_ddp():
                 raise Refused(
                     f"strict group refused {op} of a {t.dtype} tensor of shape {tuple(t.shape)}: "
                     f"training data is {DATA_DTYPE}; metadata on nccl must go through side_group()"

@@ -117,7 +117,7 @@ def case_dssync() -> float:
     from dssync import DSSync, Shuffle
 
     model = _model()
-    _train(DSSync(model, schedule=Shuffle(2, seed=0)))
+    _train(DSSync(model, schedule=Shuffle(2, seed=0, uneven=True)))
     return _checksum(model)
 
 

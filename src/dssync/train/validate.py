@@ -19,6 +19,16 @@ def validate(cfg: TrainConfig, workers: int) -> None:
             f"--group-size {cfg.group_size} is larger than the {world} workers; "
             f"use a group size from 1 to {world}"
         )
+    if (
+        cfg.sync in ("dssync", "dssync-static", "dssync-overlap")
+        and cfg.schedule in ("shuffle", "static")
+        and world % cfg.group_size
+    ):
+        sizes = [k for k in range(1, world + 1) if world % k == 0]
+        raise UsageError(
+            f"--group-size {cfg.group_size} does not divide the {world} workers; "
+            f"use one of {', '.join(map(str, sizes))}"
+        )
     if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
         raise UsageError(
             f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data"
