@@ -12,10 +12,13 @@ from dssync.launch import spawn
 from dssync.strategies.adaptive import AdaptiveDSSync, adjust_topology, own_stats
 from dssync.topology import Topology
 
-TOPO = Topology(hosts=(0, 1, 2, 3, 4, 5), racks=(0, 0, 0, 1, 1, 1),
-                host_mbit={h: 1000.0 for h in range(6)},
-                uplink_mbit=1000.0)
-SLOW_FROM, SLOW_UNTIL = 8, 24   # steps during which crossing the racks is slow
+TOPO = Topology(
+    hosts=(0, 1, 2, 3, 4, 5),
+    racks=(0, 0, 0, 1, 1, 1),
+    host_mbit={h: 1000.0 for h in range(6)},
+    uplink_mbit=1000.0,
+)
+SLOW_FROM, SLOW_UNTIL = 8, 24  # steps during which crossing the racks is slow
 
 
 class SlowCrossing(AdaptiveDSSync):
@@ -31,7 +34,7 @@ class SlowCrossing(AdaptiveDSSync):
 def _run(steps: int):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
-    sync = SlowCrossing(model, TOPO, period=4, min_signal_s=0.03)
+    sync = SlowCrossing(model, TOPO, replan_every=4, min_signal_s=0.03)
     for _ in range(steps):
         time.sleep(0.002)
         sync.step()

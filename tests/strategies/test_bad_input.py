@@ -21,7 +21,7 @@ def _mismatched_model():
 def test_model_shape_mismatch_names_the_rank():
     with pytest.raises(WorkerError) as info:
         spawn(_mismatched_model, 3, timeout_s=120)
-    assert info.value.exc_type == "ValueError"
+    assert info.value.exc_type == "UsageError"
     assert "ranks [2] differ" in info.value.message and "same model on every rank" in info.value.message
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from dssync.cluster import load_topology
+from dssync.errors import UsageError
 from dssync.launch import spawn
 from dssync.schedules import check_partition, spectral_gap
 from dssync.schedules.topology import TopologyAware, every_for, plan_topology_aware
@@ -26,7 +27,7 @@ def test_from_spec_and_domains():
 
 def test_from_env_blocks_of_local_world_size():
     assert from_env(6, {"LOCAL_WORLD_SIZE": "3"}).hosts == (0, 0, 0, 1, 1, 1)
-    with pytest.raises(ValueError, match="does not divide"):
+    with pytest.raises(UsageError, match="does not divide"):
         from_env(5, {"LOCAL_WORLD_SIZE": "2"})
 
 
@@ -36,12 +37,16 @@ def _detect_per_rank():
     rank = dist.get_rank()
     os.environ["DSSYNC_HOST"] = str(10 + rank // 2)
     os.environ["DSSYNC_RACK"] = str(rank // 2)
-    return detect()
+    return detect(), detect(probe=True, probe_bytes=64_000, probe_rounds=3, timeout_s=30)
 
 
-def test_detect_from_cluster_env():
-    out = spawn(_detect_per_rank, 4, timeout_s=60)
-    assert all(t == Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1)) for t in out)
+def test_detect_from_cluster_env_and_probe_on_gloo():
+    out = spawn(_detect_per_rank, 4, timeout_s=90)
+    assert all(t == Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1)) for t, _ in out)
+    probed = [p for _, p in out]
+    # pairs inside a host say nothing of links; the crossing pairs give the uplink, alike everywhere
+    assert probed[0].host_mbit == {} and probed[0].uplink_mbit > 0
+    assert all(p == probed[0] for p in probed)
 
 
 def test_probe_pairs_are_disjoint_and_cover_everyone():
@@ -88,7 +93,7 @@ def test_crossings_are_rare_and_narrow():
     s = plan_topology_aware(S2)
     crossings = [s.crossings(t, 8) for t in range(s.period)]
     assert s.cross_every == 8
-    assert sum(1 for c in crossings if c) == 1                # once per period
+    assert sum(1 for c in crossings if c) == 1  # once per period
     assert all(len(c) <= 1 and all(len(g) == 2 for g in c) for c in crossings)  # one pair
 
 

@@ -39,7 +39,7 @@ def build(method: str, model: FlatModel, period: int, probe: bool) -> tuple[Stra
     if method == "hierarchical":
         return Hierarchical(model, topo), info
     if method == "dssync-topo":
-        return AdaptiveDSSync(model, topo, period=period), info
+        return AdaptiveDSSync(model, topo, replan_every=period), info
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 

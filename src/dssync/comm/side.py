@@ -5,14 +5,19 @@ Design (device-correct by construction):
 * Parameter data (buckets, optimizer state, and anything that rides inside a bucket) lives on
   the parameters' device and moves through the user's training group: nccl on GPUs, gloo on CPUs.
 * Everything else is small CPU metadata: start-up agreement (fingerprints), consensus distance,
-  topology detection, link probes, timings, and finding which ranks never came after a timeout.
-  It goes through :func:`side_group`, a gloo group over the same ranks, made once per training
-  group and cached. When the training group already runs gloo it is its own side group, so a CPU
-  job opens no extra sockets.
+  topology detection, the link probe's barriers and results, timings, and finding which ranks
+  never came after a timeout. It goes through :func:`side_group`, a gloo group over the same
+  ranks, made once per training group and cached. When the training group already runs gloo it
+  is its own side group, so a CPU job opens no extra sockets.
+* Two exchanges ride the training group although they carry no parameters, because what they
+  serve is the training group's own behaviour: the link probe's timed transfers (to measure the
+  links training uses) and the adaptive strategy's line-up before a timed average. Both send
+  tensors of the parameters' dtype on the parameters' device.
 
 nccl refuses CPU tensors, so a collective that sent metadata through an nccl training group would
 fail before the first step; routing it here keeps the GPU path correct without any copy to the
-device and back.
+device and back. The test backend in ``tests/comm/strict_backend.py`` refuses, on the CPU, what
+nccl would refuse, and every strategy runs on it in ``tests/comm/test_device_split.py``.
 
 Example::
 
@@ -24,17 +29,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 _SIDE: dict[dist.ProcessGroup, dist.ProcessGroup] = {}
 
 
-def side_group(group: dist.ProcessGroup | None = None,
-               timeout_s: float | None = None) -> dist.ProcessGroup:
+def side_group(
+    group: dist.ProcessGroup | None = None, timeout_s: float | None = None
+) -> dist.ProcessGroup:
     """A gloo group over the ranks of ``group`` (default: the world); ``group`` itself if gloo.
 
     The first call for a group is collective: every rank of ``group`` must make it, in the same
     order relative to other group creations (as with ``dist.new_group``). Later calls are free.
+    The twin's timeout is ``timeout_s`` if given, else the training group's own (so a lost peer
+    fails a metadata exchange as soon as it would fail training), else torch's default.
     """
     pg = group if group is not None else dist.group.WORLD
     if dist.get_backend(pg) == dist.Backend.GLOO:
@@ -42,10 +51,24 @@ def side_group(group: dist.ProcessGroup | None = None,
     if pg not in _SIDE:
         ranks = dist.get_process_group_ranks(pg)
         local = len(ranks) != dist.get_world_size()
-        timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        _SIDE[pg] = dist.new_group(ranks, backend="gloo", timeout=timeout,
-                                   use_local_synchronization=local)
+        timeout = timedelta(seconds=timeout_s) if timeout_s else timeout_of(pg)
+        _SIDE[pg] = dist.new_group(
+            ranks, backend="gloo", timeout=timeout, use_local_synchronization=local
+        )
     return _SIDE[pg]
+
+
+def timeout_of(group: dist.ProcessGroup) -> timedelta | None:
+    """The timeout ``group`` was made with, where its backend tells (gloo, nccl); else None."""
+    for device_type in getattr(group, "_device_types", []):
+        try:
+            backend = group._get_backend(torch.device(device_type))
+            timeout = backend.options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(timeout, timedelta):
+            return timeout
+    return None
 
 
 def forget_side_groups() -> None:

@@ -2,39 +2,52 @@
 
 Every rank times the transfer part of its group's sync at each step (after a one-element
 exchange that lines the group up, so waiting for a late partner is not counted). Every
-``period`` steps all ranks share a summary of those times in one all_reduce of a fixed-size
+``replan_every`` steps all ranks share a summary of those times in one all_reduce of a fixed-size
 tensor (each rank fills its own row), compute the same new estimate of the topology from it,
 and, if the plan changes, switch to the re-planned :class:`TopologyAware` schedule at the same step.
+
+Data and metadata: the line-up exchange rides the training group (it must line up the very group
+whose transfer is timed), so it is a one-element tensor of the parameters' dtype on their device.
+The transfer is timed with :func:`dssync.comm.clock.clock`, which waits for the device, so a GPU's
+asynchronous collectives are timed whole. The shared timings are float64 CPU metadata and go
+through the side group (:func:`dssync.comm.side.side_group`).
+
+Sync time (the ``sync`` column): as for :class:`DSSync`, the wall time of :meth:`step`, which runs
+after the optimizer step and so never overlaps backward: choosing the group, the line-up, the
+averaging itself (waited for), and every ``replan_every`` steps the timing exchange and re-plan.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.clock import clock, module_device
+from dssync.comm.side import side_group
+from dssync.errors import UsageError
 from dssync.schedules.topology import TopologyAware, plan_topology_aware
 from dssync.strategies.dssync import DSSync
 from dssync.topology import Topology
 
-SLOW_ON, SLOW_OFF = 3.0, 1.5     # a host's best local sync vs the others': slow above, fast below
-CROSS_ON, CROSS_OFF = 2.0, 1.5   # crossing vs local sync time: slow uplink above, fast below
-NOMINAL_MBIT = 1000.0            # only ratios matter when no rate is known
-MIN_SIGNAL_S = 0.002            # times are compared to at least this (timer noise of tiny syncs)
-STAT_COLUMNS = 5                 # median local, min local, median crossing, n local, n crossing
+SLOW_ON, SLOW_OFF = 3.0, 1.5  # a host's best local sync vs the others': slow above, fast below
+CROSS_ON, CROSS_OFF = 2.0, 1.5  # crossing vs local sync time: slow uplink above, fast below
+NOMINAL_MBIT = 1000.0  # only ratios matter when no rate is known
+MIN_SIGNAL_S = 0.002  # times are compared to at least this (timer noise of tiny syncs)
+STAT_COLUMNS = 5  # median local, min local, median crossing, n local, n crossing
 
 
 class AdaptiveDSSync(DSSync):
-    """DS-Sync on a :class:`TopologyAware` schedule, re-planned every ``period`` steps from timings.
+    """DS-Sync on a :class:`TopologyAware` schedule, re-planned every ``replan_every`` steps from timings.
 
     Args:
         module: the model (see :class:`DSSync`).
         topology: hosts and racks of the ranks, with rates if known (default: ``detect()``).
-        period: steps between adjustments (R); also the longest planned gap between crossings.
+        replan_every: steps between adjustments (R); also the longest planned gap between
+            crossings.
         group_size, seed: passed to the planner.
         min_signal_s: sync times are compared to at least this, so timer noise of tiny syncs
             never looks like a slow link.
@@ -43,7 +56,7 @@ class AdaptiveDSSync(DSSync):
     Example (under torchrun or :func:`dssync.launch.spawn`)::
 
         from dssync.topology import detect
-        sync = AdaptiveDSSync(model, detect(probe=True), period=8)
+        sync = AdaptiveDSSync(model, detect(probe=True), replan_every=8)
         for batch in loader:
             ...; optimizer.step(); sync.step()
         sync.switches      # [(step, schedule description), ...] on every rank alike
@@ -51,17 +64,26 @@ class AdaptiveDSSync(DSSync):
 
     name = "dssync-topo"
 
-    def __init__(self, module: nn.Module, topology: Topology | None = None, period: int = 8,
-                 group_size: int = 2, seed: int = 0, min_signal_s: float = MIN_SIGNAL_S,
-                 **kwargs) -> None:
-        if period < 1:
-            raise ValueError(f"period={period} must be >= 1 (steps between adjustments); try 8")
+    def __init__(
+        self,
+        module: nn.Module,
+        topology: Topology | None = None,
+        replan_every: int = 8,
+        group_size: int = 2,
+        seed: int = 0,
+        min_signal_s: float = MIN_SIGNAL_S,
+        **kwargs,
+    ) -> None:
+        if replan_every < 1:
+            raise UsageError(
+                f"replan_every={replan_every} must be >= 1 (steps between adjustments); try 8"
+            )
         if topology is None:
             from dssync.topology import detect
 
             topology = detect()
         self.topology = topology
-        self.period = period
+        self.replan_every = replan_every
         self.group_size = group_size
         self.seed = seed
         self.min_signal_s = min_signal_s
@@ -70,30 +92,34 @@ class AdaptiveDSSync(DSSync):
         self._home = {r: d for d, dom in enumerate(topology.domains()) for r in dom}
         self._local: list[float] = []
         self._cross: list[float] = []
-        self._ping = torch.zeros(1)
+        self.device = module_device(module)
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        self._ping = torch.zeros(1, dtype=dtype, device=self.device)  # training data, not metadata
 
     def _plan(self, topology: Topology) -> TopologyAware:
-        return plan_topology_aware(topology, self.group_size, self.seed, max_every=self.period)
+        return plan_topology_aware(
+            topology, self.group_size, self.seed, max_every=self.replan_every
+        )
 
     def _average_group(self, group: list[int]) -> None:
-        """Average with the group, timing only the transfer; every ``period`` steps, adjust."""
+        """Average with the group, timing only the transfer (the device's work included)."""
         pg = self.groups.get(group)
         dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         self._average(pg, len(group))
-        spent = time.perf_counter() - t0
+        spent = clock(self.device) - t0
         crosses = len({self._home[r] for r in group}) > 1
         (self._cross if crosses else self._local).append(spent)
 
     def _advanced(self) -> None:
-        if self.steps % self.period == 0:
+        if self.steps % self.replan_every == 0:
             self.adjust()
 
     def adjust(self) -> None:
-        """Share timings (one all_reduce), re-estimate the topology, switch plans if it changed."""
+        """Share timings (one all_reduce on the side group), re-plan, switch plans if it changed."""
         stats = torch.zeros(self.world_size, STAT_COLUMNS, dtype=torch.float64)
         stats[self.rank] = torch.tensor(own_stats(self._local, self._cross), dtype=torch.float64)
-        dist.all_reduce(stats)
+        dist.all_reduce(stats, group=side_group(self.process_group))
         self._local, self._cross = [], []
         self.topology = adjust_topology(self.topology, stats.numpy(), self.min_signal_s)
         plan = self._plan(self.topology)
@@ -108,19 +134,30 @@ class AdaptiveDSSync(DSSync):
     @classmethod
     def from_config(cls, cfg, module: nn.Module, opt: torch.optim.Optimizer) -> AdaptiveDSSync:
         """Builder for the ``STRATEGIES`` registry (``--sync dssync-topo``)."""
-        return cls(module, group_size=cfg.group_size, seed=cfg.seed,
-                   optimizer=opt if cfg.average_momentum else None,
-                   bucket_bytes=int(cfg.bucket_mb * 2**20), timeout_s=cfg.timeout_s)
+        return cls(
+            module,
+            group_size=cfg.group_size,
+            seed=cfg.seed,
+            optimizer=opt if cfg.average_momentum else None,
+            bucket_bytes=int(cfg.bucket_mb * 2**20),
+            timeout_s=cfg.timeout_s,
+        )
 
 
 def own_stats(local: list[float], cross: list[float]) -> list[float]:
     """This rank's row: median and min local sync, median crossing sync, and the counts."""
-    return [statistics.median(local) if local else 0.0, min(local) if local else 0.0,
-            statistics.median(cross) if cross else 0.0, float(len(local)), float(len(cross))]
+    return [
+        statistics.median(local) if local else 0.0,
+        min(local) if local else 0.0,
+        statistics.median(cross) if cross else 0.0,
+        float(len(local)),
+        float(len(cross)),
+    ]
 
 
-def adjust_topology(topology: Topology, stats: np.ndarray,
-                    min_signal_s: float = MIN_SIGNAL_S) -> Topology:
+def adjust_topology(
+    topology: Topology, stats: np.ndarray, min_signal_s: float = MIN_SIGNAL_S
+) -> Topology:
     """The topology re-estimated from all ranks' rows (pure: every rank computes the same).
 
     A host whose ranks' best local sync is over SLOW_ON times the others' becomes slow (its rate
@@ -133,7 +170,9 @@ def adjust_topology(topology: Topology, stats: np.ndarray,
     host_mbit = {h: topology.host_mbit.get(h, base) for h in set(topology.hosts)}
     slow_now = set(topology.slow_ranks)
     has_local = [r for r in range(topology.world_size) if stats[r, 3] > 0]
-    ref_pool = [stats[r, 1] for r in has_local if r not in slow_now] or [stats[r, 1] for r in has_local]
+    ref_pool = [stats[r, 1] for r in has_local if r not in slow_now] or [
+        stats[r, 1] for r in has_local
+    ]
     if ref_pool:
         ref = max(statistics.median(ref_pool), min_signal_s)
         worst: dict[int, float] = {}

@@ -1,8 +1,19 @@
-"""BSP: PyTorch's own DistributedDataParallel, gradients all-reduced every step."""
+"""BSP: PyTorch's own DistributedDataParallel, gradients all-reduced every step.
+
+Data and metadata: DDP moves only gradients (and, at start-up, its own shape check and the initial
+parameters) through the training group, on the parameters' device; dssync adds nothing to it.
+
+Sync time (the ``sync`` column): the time during which at least one of DDP's bucket all-reduces
+was in flight, from the moment a bucket's gradients were ready (the communication hook ran) until
+its all-reduce finished, merged over the buckets of the step. DDP starts a bucket's all-reduce while
+backward is still computing the gradients of earlier layers, so this time overlaps backward: BSP's
+iteration time is not compute + sync, and its sync column is not comparable term for term with
+DS-Sync's, which never overlaps compute. On the CPU the spans are read from the host clock; on a
+GPU from CUDA events recorded on the stream, so they cover the device's work, not the launch.
+"""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
@@ -16,25 +27,32 @@ from dssync.strategies.base import Strategy
 class BSP(Strategy):
     """Bulk-synchronous data parallelism through ``torch.nn.parallel.DistributedDataParallel``.
 
-    Sync time is the wall time during which at least one of DDP's bucket all-reduces was in flight
+    Sync time is the union of the spans during which DDP's bucket all-reduces were in flight
     (recorded by a communication hook that wraps DDP's default all-reduce); it overlaps backward.
 
     Example::
 
         strategy = BSP(model)
         loss = loss_fn(strategy.model(x), y)   # forward through the DDP wrapper
+        loss.backward()                        # gradients all-reduced during backward
+        optimizer.step()
+        strategy.take_sync_time()              # seconds with an all-reduce in flight
     """
 
     name = "bsp"
 
-    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None,
-                 bucket_cap_mb: float = 25.0, **ddp_kwargs) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float = 25.0,
+        **ddp_kwargs,
+    ) -> None:
         super().__init__(module, process_group)
-        self.ddp = DistributedDataParallel(module, process_group=process_group,
-                                           bucket_cap_mb=bucket_cap_mb, **ddp_kwargs)
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._since = 0.0
+        self.ddp = DistributedDataParallel(
+            module, process_group=process_group, bucket_cap_mb=bucket_cap_mb, **ddp_kwargs
+        )
+        self._spans: list[tuple[object, object]] = []  # (start, end) marks of each bucket
         self.ddp.register_comm_hook(None, self._timed_allreduce)
 
     @property
@@ -43,28 +61,57 @@ class BSP(Strategy):
 
     def _timed_allreduce(self, _state, bucket):  # no return annotation: DDP checks it literally
         pg = self.process_group or dist.group.WORLD
-        n = dist.get_world_size(pg)
-        self._begin()
-        tensor = bucket.buffer().div_(n)
+        tensor = bucket.buffer().div_(dist.get_world_size(pg))
+        start = _mark(tensor.device)
         fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
-            self._end()
+            # on a GPU this runs with streams that wait for the all-reduce, so the end event
+            # completes after it; list.append is atomic, as callbacks may run on another thread
+            self._spans.append((start, _mark(tensor.device)))
             return f.value()[0]
 
         return fut.then(done)
 
-    def _begin(self) -> None:
-        with self._lock:
-            if self._in_flight == 0:
-                self._since = time.perf_counter()
-            self._in_flight += 1
-
-    def _end(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._sync_s += time.perf_counter() - self._since
+    def take_sync_time(self) -> float:
+        """Seconds during which at least one all-reduce was in flight, since the last call."""
+        spans, self._spans = self._spans, []
+        return super().take_sync_time() + covered(_seconds(spans))
 
     def average_all(self) -> None:
         """Nothing to do: DDP keeps every rank's parameters identical."""
+
+
+def _mark(device: torch.device) -> object:
+    """A point in time: a CUDA event recorded on the current stream, else the host clock."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _seconds(spans: list[tuple[object, object]]) -> list[tuple[float, float]]:
+    """Spans as seconds on one axis (CUDA events: relative to the first start, once finished)."""
+    if not spans or isinstance(spans[0][0], float):
+        return spans  # type: ignore[return-value]
+    origin = spans[0][0]
+    for _, end in spans:
+        end.synchronize()
+    return [(origin.elapsed_time(s) / 1e3, origin.elapsed_time(e) / 1e3) for s, e in spans]
+
+
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``[start, end]`` spans (time with at least one span open).
+
+    Example::
+
+        >>> covered([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
+        4.0
+    """
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

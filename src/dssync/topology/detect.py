@@ -5,6 +5,10 @@
 * Under torchrun on real machines each rank contributes a hash of its host name (and
   ``DSSYNC_RACK`` when the job sets it) to one small all_gather.
 * Without a process group, ranks are assumed to fill hosts in blocks of ``LOCAL_WORLD_SIZE``.
+
+The host and rack keys are metadata: they travel on the training group's side group (gloo, CPU
+int64 tensors, :func:`dssync.comm.side.side_group`), never on the training group itself. The
+optional probe measures links with training data instead (see :mod:`dssync.topology.probe`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from dssync.comm.side import side_group
+from dssync.errors import UsageError
 from dssync.topology.model import Topology
 
 
@@ -32,25 +38,34 @@ def from_env(world_size: int | None = None, environ: Mapping[str, str] | None = 
     world = int(world_size if world_size is not None else env.get("WORLD_SIZE", "1"))
     per_host = int(env.get("LOCAL_WORLD_SIZE", world))
     if per_host < 1 or world % per_host:
-        raise ValueError(
+        raise UsageError(
             f"LOCAL_WORLD_SIZE={per_host} does not divide WORLD_SIZE={world}; launch the same "
             "number of workers on every host, or set DSSYNC_HOST on each worker"
         )
     return Topology(hosts=tuple(r // per_host for r in range(world)), racks=(0,) * world)
 
 
-def detect(group: dist.ProcessGroup | None = None, probe: bool = False, probe_bytes: int = 2_000_000,
-           probe_rounds: int = 7, timeout_s: float = 60.0) -> Topology:
+def detect(
+    group: dist.ProcessGroup | None = None,
+    probe: bool = False,
+    probe_bytes: int = 2_000_000,
+    probe_rounds: int = 7,
+    timeout_s: float = 60.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Topology:
     """Which ranks share a host and a rack (one all_gather), and optionally how fast links are.
 
     All ranks of ``group`` call this. With ``probe=True`` a short, bounded bandwidth probe
-    (:func:`dssync.topology.probe_bandwidth`) fills in link rates and slow hosts.
+    (:func:`dssync.topology.probe_bandwidth`) fills in link rates and slow hosts; it sends
+    ``dtype`` tensors on ``device`` (give the parameters' device and dtype) through ``group``'s
+    backend, as training will.
     """
     if not dist.is_initialized():
         return from_env()
     mine = torch.tensor([_host_key(), int(os.environ.get("DSSYNC_RACK", -1))], dtype=torch.int64)
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
+    dist.all_gather(gathered, mine, group=side_group(group))
     hosts = _renumber([int(g[0]) for g in gathered])
     racks_raw = [int(g[1]) for g in gathered]
     racks = (0,) * len(hosts) if all(k < 0 for k in racks_raw) else _renumber(racks_raw)
@@ -58,8 +73,15 @@ def detect(group: dist.ProcessGroup | None = None, probe: bool = False, probe_by
     if probe:
         from dssync.topology.probe import probe_bandwidth
 
-        topo = probe_bandwidth(topo, nbytes=probe_bytes, rounds=probe_rounds, timeout_s=timeout_s,
-                               group=group)
+        topo = probe_bandwidth(
+            topo,
+            nbytes=probe_bytes,
+            rounds=probe_rounds,
+            timeout_s=timeout_s,
+            group=group,
+            device=device,
+            dtype=dtype,
+        )
     return topo
 
 

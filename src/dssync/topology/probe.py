@@ -5,17 +5,25 @@ circle method of a round-robin tournament) and each pair swaps ``nbytes`` both w
 Each exchange is timed after a tiny exchange that lines the pair up, so waiting is not counted.
 One all_reduce of a world x world matrix shares the results. Every collective runs on a process
 group whose timeout is ``timeout_s``, so a dead peer cannot hang the probe.
+
+Data and metadata: the probe measures the links as training will use them, so the timed
+exchanges (and the tiny line-up, which also lets nccl build the pair's connection before the
+clock starts) send ``dtype`` tensors on ``device`` (the parameters' device and dtype) through a
+group with the training group's backend. A gloo probe on a GPU cluster would time the TCP path,
+not NVLink or InfiniBand. The clock is read after the device has finished
+(:func:`dssync.comm.clock.clock`). The barriers between rounds and the shared float64 results
+are metadata and go through a gloo group (the same group when training runs gloo).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from dssync.comm.clock import clock
 from dssync.topology.model import Topology
 
 
@@ -40,32 +48,67 @@ def probe_pairs(world_size: int, rounds: int) -> list[list[tuple[int, int]]]:
     return plan
 
 
-def probe_bandwidth(topo: Topology, nbytes: int = 2_000_000, rounds: int = 7, timeout_s: float = 60.0,
-                    group: dist.ProcessGroup | None = None) -> Topology:
+def probe_bandwidth(
+    topo: Topology,
+    nbytes: int = 2_000_000,
+    rounds: int = 7,
+    timeout_s: float = 60.0,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Topology:
     """Measure pairwise rates and return ``topo`` with host rates, uplink rate and slow hosts.
 
-    All ranks of ``group`` call this. Takes ``rounds`` exchanges of ``nbytes`` each way.
+    All ranks of ``group`` call this. Takes ``rounds`` exchanges of ``nbytes`` each way, of
+    ``dtype`` tensors on ``device`` (default: the current CUDA device when ``group`` runs nccl,
+    else the CPU); pass the parameters' device and dtype to measure what training will see.
     """
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    ranks = list(range(world)) if group is None else dist.get_process_group_ranks(group)
-    pg = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s))
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    backend = dist.get_backend(group)
+    device = torch.device(device) if device is not None else _default_device(backend)
+    data = _probe_group(ranks, backend, timeout_s)
+    meta = data if backend == dist.Backend.GLOO else _probe_group(ranks, "gloo", timeout_s)
     plan = probe_pairs(world, rounds)
-    rates = torch.zeros(len(plan), world, dtype=torch.float64)  # rates[round, rank]: my pair's Mbit/s
-    send = torch.ones(max(nbytes // 4, 1), dtype=torch.float32)
+    rates = torch.zeros(
+        len(plan), world, dtype=torch.float64
+    )  # rates[round, rank]: my pair's Mbit/s
+    item = torch.empty((), dtype=dtype).element_size()
+    send = torch.ones(max(nbytes // item, 1), dtype=dtype, device=device)
     recv = torch.empty_like(send)
-    tiny, tiny_in = torch.zeros(1), torch.zeros(1)
+    tiny, tiny_in = (
+        torch.zeros(1, dtype=dtype, device=device),
+        torch.zeros(1, dtype=dtype, device=device),
+    )
     for i, pairs in enumerate(plan):
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         if partner is not None:
             peer = ranks[partner]
-            _swap(tiny, tiny_in, peer, pg)
-            t0 = time.perf_counter()
-            _swap(send, recv, peer, pg)
-            rates[i, rank] = send.numel() * 4 * 8 / (time.perf_counter() - t0) / 1e6
-        dist.barrier(group=pg)
-    dist.all_reduce(rates, group=pg)
-    dist.destroy_process_group(pg)
+            _swap(tiny, tiny_in, peer, data)
+            t0 = clock(device)
+            _swap(send, recv, peer, data)
+            rates[i, rank] = send.numel() * item * 8 / (clock(device) - t0) / 1e6
+        dist.barrier(group=meta)
+    dist.all_reduce(rates, group=meta)
+    for pg in {data, meta}:
+        dist.destroy_process_group(pg)
     return infer_rates(topo, plan, rates.tolist())
+
+
+def _default_device(backend: str) -> torch.device:
+    if backend == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _probe_group(ranks: list[int], backend: str, timeout_s: float) -> dist.ProcessGroup:
+    """A group over ``ranks`` just for the probe; only its members take part in making it."""
+    return dist.new_group(
+        ranks,
+        backend=backend,
+        timeout=timedelta(seconds=timeout_s),
+        use_local_synchronization=len(ranks) != dist.get_world_size(),
+    )
 
 
 def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, pg: dist.ProcessGroup) -> None:
@@ -74,7 +117,9 @@ def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, pg: dist.ProcessGrou
         w.wait()
 
 
-def infer_rates(topo: Topology, plan: list[list[tuple[int, int]]], rates: list[list[float]]) -> Topology:
+def infer_rates(
+    topo: Topology, plan: list[list[tuple[int, int]]], rates: list[list[float]]
+) -> Topology:
     """Host rates (median of their pairs inside a rack) and the uplink (crossing throughput per round).
 
     ``rates[i][r]`` is what rank r measured with its partner in round i (0 if it sat out).
@@ -98,4 +143,3 @@ def infer_rates(topo: Topology, plan: list[list[tuple[int, int]]], rates: list[l
     host_mbit = {h: max(v) for h, v in per_host.items()}
     uplink = statistics.median(crossing_totals) if crossing_totals else None
     return topo.with_rates(host_mbit, uplink)
-
