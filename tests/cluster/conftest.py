@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster import ClusterError, parse_topology, require_root_and_tools
+from dssync.cluster import ClusterError, parse_cluster, require_root_and_tools
 
 
 def _can_build() -> str | None:
@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def two_racks():
     """2 racks x 2 hosts; 1000 Mbit/s host links except host 1 at 100; 50 Mbit/s uplinks."""
-    return parse_topology(
+    return parse_cluster(
         """
         name = "test-two-racks"
         [cluster]

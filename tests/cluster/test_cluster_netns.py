@@ -15,7 +15,7 @@ from dssync.cluster import (
     ClusterError,
     Scenario,
     diff,
-    load_topology,
+    load_cluster,
     measure_mbit,
 )
 from dssync.cluster.netns import remove_prefix
@@ -51,7 +51,7 @@ def test_shaping_limits_throughput_and_routes_through_racks(two_racks):
 
 
 def test_set_rate_changes_throughput():
-    with Cluster(load_topology("tiny")) as cluster:
+    with Cluster(load_cluster("tiny")) as cluster:
         slow = measure_mbit(cluster, 0, 1, nbytes=3_000_000)
         cluster.set_rate("rack_uplink", 150)
         assert current_rate_mbit(cluster.switch_ns, f"{cluster.prefix}u0") == pytest.approx(150)
@@ -79,8 +79,8 @@ def test_down_removes_everything_even_after_an_exception(two_racks):
 def test_sigterm_inside_with_block_cleans_up():
     code = (
         "import sys, time\n"
-        "from dssync.cluster import Cluster, load_topology\n"
-        "with Cluster(load_topology('tiny')) as c:\n"
+        "from dssync.cluster import Cluster, load_cluster\n"
+        "with Cluster(load_cluster('tiny')) as c:\n"
         "    print(c.prefix, flush=True)\n"
         "    time.sleep(30)\n"
     )
@@ -99,7 +99,7 @@ def test_sigterm_inside_with_block_cleans_up():
 
 
 def test_prefix_clash_leaves_the_existing_cluster_alone():
-    spec = load_topology("tiny")
+    spec = load_cluster("tiny")
     with Cluster(spec) as first:
         with pytest.raises(ClusterError, match="already exists"):
             Cluster(spec, prefix=first.prefix).up()
@@ -117,7 +117,7 @@ def test_not_root_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(shell.os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):
-        Cluster(load_topology("tiny")).up()
+        Cluster(load_cluster("tiny")).up()
     monkeypatch.setattr(shell.shutil, "which", lambda tool: None)
     with pytest.raises(ClusterError, match="iproute2"):
         shell.require_root_and_tools()
@@ -125,7 +125,7 @@ def test_not_root_is_a_clear_error(monkeypatch):
 
 
 def test_scenario_changes_a_live_cluster():
-    spec = load_topology("s4-dynamic")
+    spec = load_cluster("s4-dynamic")
     with Cluster(spec) as cluster:
         uplink = (cluster.switch_ns, f"{cluster.prefix}u1c")
         seen = []

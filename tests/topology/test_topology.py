@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from dssync.cluster import load_topology
+from dssync.cluster import load_cluster
 from dssync.errors import UsageError
 from dssync.launch import spawn
 from dssync.schedules import check_partition, spectral_gap
@@ -13,8 +13,8 @@ from dssync.schedules.topology import TopologyAware, every_for, plan_topology_aw
 from dssync.topology import Topology, detect, from_env, probe_pairs
 from dssync.topology.probe import infer_rates
 
-S2 = Topology.from_spec(load_topology("s2-inter-rack"))
-S3 = Topology.from_spec(load_topology("s3-slow-host"))
+S2 = load_cluster("s2-inter-rack").topology()
+S3 = load_cluster("s3-slow-host").topology()
 
 
 def test_from_spec_and_domains():
@@ -79,7 +79,7 @@ def test_infer_rates_finds_slow_host_and_slow_uplink():
     assert est.uplink_mbit is not None and est.uplink_mbit < 250
 
 
-@pytest.mark.parametrize("topo", [S2, S3, Topology.from_spec(load_topology("s4-dynamic"))])
+@pytest.mark.parametrize("topo", [S2, S3, load_cluster("s4-dynamic").topology()])
 def test_topology_aware_covers_ranks_and_mixes(topo):
     s = plan_topology_aware(topo)
     for t in range(2 * s.period):

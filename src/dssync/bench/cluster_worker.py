@@ -1,6 +1,6 @@
 """One rank of ``dssync bench``: train a flat model with one method, write per-step timings.
 
-Started inside a host namespace by :mod:`dssync.bench.cluster_bench`::
+Started inside a host namespace by :mod:`dssync.experiments.cluster_bench`::
 
     python -m dssync.bench.cluster_worker --method dssync-topo --params 10000000 --steps 30 --out DIR
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -20,36 +21,48 @@ import torch.distributed as dist
 
 from dssync.bench.sync_cost import FlatModel
 from dssync.launch import exit_quietly, init_from_env
-from dssync.schedules import Shuffle
-from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, Strategy
+from dssync.methods import RATES, TOPOLOGY, build_strategy, choices, get_method
+from dssync.strategies import Strategy
 from dssync.topology import detect
+from dssync.train.config import TrainConfig
 
-METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo")
+
+def device_for(name: str) -> torch.device:
+    """``auto``: this rank's GPU (LOCAL_RANK) when CUDA is present, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count()
+        )
+    return torch.device(name)
 
 
-def build(method: str, model: FlatModel, period: int, probe: bool) -> tuple[Strategy, dict]:
-    """The strategy for ``method`` and facts worth reporting (topology, probe time)."""
-    if method == "ddp":
-        return BSP(model), {}
-    if method == "dssync":
-        return DSSync(model, schedule=Shuffle(2, seed=0, period=period)), {}
+def build(
+    cfg: TrainConfig, model: FlatModel, optimizer: torch.optim.Optimizer, probe: bool
+) -> tuple[Strategy, dict]:
+    """The strategy for ``cfg.sync`` and facts worth reporting (topology, detection time).
+
+    A method that needs the topology gets it detected here (with a bandwidth probe when asked
+    and the method uses link rates), so the time it takes is reported.
+    """
+    needs = get_method(cfg.sync).needs
+    if TOPOLOGY not in needs:
+        return build_strategy(cfg, model, optimizer), {}
     t0 = time.monotonic()
-    topo = detect(probe=probe and method == "dssync-topo")
+    topo = detect(probe=probe and RATES in needs)
     info = {"topology": topo.describe(), "detect_s": time.monotonic() - t0}
-    if method == "hierarchical":
-        return Hierarchical(model, topo), info
-    if method == "dssync-topo":
-        return AdaptiveDSSync(model, topo, replan_every=period), info
-    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return build_strategy(cfg, model, optimizer, topo), info
 
 
-def run(method: str, params: int, steps: int, warmup: int, period: int, probe: bool, out: Path) -> None:
+def run(cfg: TrainConfig, params: int, steps: int, warmup: int, probe: bool, out: Path) -> None:
     rank = dist.get_rank()
+    device = device_for(cfg.device)
     torch.manual_seed(0)
-    model = FlatModel(params)
-    strategy, info = build(method, model, period, probe)
+    model = FlatModel(params).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(params, generator=torch.Generator().manual_seed(rank))
+    strategy, info = build(cfg, model, optimizer, probe)
+    x = torch.randn(params, generator=torch.Generator().manual_seed(rank)).to(device)
     dist.barrier()
     records = []
     for step in range(steps):
@@ -59,6 +72,8 @@ def run(method: str, params: int, steps: int, warmup: int, period: int, probe: b
         optimizer.step()
         strategy.after_step()
         optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         t1 = time.monotonic()
         records.append([t0, t1, strategy.take_sync_time()])
         if rank == 0 and step + 1 == warmup:
@@ -70,19 +85,29 @@ def run(method: str, params: int, steps: int, warmup: int, period: int, probe: b
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--method", choices=METHODS, required=True)
+    p.add_argument("--method", choices=choices(), required=True)
     p.add_argument("--params", type=int, default=10_000_000)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--period", type=int, default=8)
     p.add_argument("--probe", action="store_true")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     init_from_env(backend="gloo", timeout_s=a.timeout)
     try:
-        run(a.method, a.params, a.steps, a.warmup, a.period, a.probe, a.out)
+        cfg = TrainConfig(
+            sync=a.method,
+            schedule="shuffle",
+            group_size=2,
+            period=a.period,
+            seed=0,
+            timeout_s=a.timeout,
+            device=a.device,
+        )
+        run(cfg, a.params, a.steps, a.warmup, a.probe, a.out)
         dist.barrier()  # every rank has written its timings
     finally:
         dist.destroy_process_group()

@@ -7,45 +7,129 @@ from pathlib import Path
 
 import click
 
-from dssync.bench.cluster_bench import SCENARIOS, BenchSettings, run_bench
-from dssync.bench.cluster_report import bench_plot, bench_table
-from dssync.bench.cluster_worker import METHODS
 from dssync.cli.output import console, write_json
+from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
+from dssync.methods import get_method, help_text
+from dssync.report.bench import bench_plot, bench_table
+
+
+def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        get_method(name)  # an unknown name is a UsageError listing the known ones
+    return names
 
 
 @click.command("bench")
-@click.option("--scenario", "scenarios", multiple=True, default=SCENARIOS, show_default=True,
-              help="Topology names or files (repeat the option).")
-@click.option("--method", "methods", type=click.Choice(METHODS), multiple=True, default=METHODS,
-              show_default=True)
-@click.option("--params", type=click.IntRange(1000), default=10_000_000, show_default=True,
-              help="Parameters of the flat model.")
+@click.option(
+    "--scenario",
+    "scenarios",
+    multiple=True,
+    default=SCENARIOS,
+    show_default=True,
+    help="Cluster spec names or files (repeat the option).",
+)
+@click.option(
+    "--method",
+    "methods",
+    multiple=True,
+    default=METHODS,
+    show_default=True,
+    callback=_known,
+    help=f"Repeat the option. {help_text()}.",
+)
+@click.option(
+    "--params",
+    type=click.IntRange(1000),
+    default=10_000_000,
+    show_default=True,
+    help="Parameters of the flat model.",
+)
 @click.option("--steps", type=click.IntRange(2), default=30, show_default=True)
-@click.option("--dynamic-steps", type=click.IntRange(2), default=120, show_default=True,
-              help="Steps for scenarios with timed link changes (S4).")
-@click.option("--period", type=click.IntRange(1), default=8, show_default=True,
-              help="Adjustment period R of dssync-topo (steps).")
+@click.option(
+    "--dynamic-steps",
+    type=click.IntRange(2),
+    default=120,
+    show_default=True,
+    help="Steps for scenarios with timed link changes (S4).",
+)
+@click.option(
+    "--period",
+    type=click.IntRange(1),
+    default=8,
+    show_default=True,
+    help="Adjustment period R of dssync-topo (steps).",
+)
 @click.option("--warmup", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--probe/--no-probe", default=True, show_default=True,
-              help="Bandwidth probe at the start of dssync-topo.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(10), default=600.0, show_default=True,
-              help="Seconds one run may take.")
+@click.option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="Bandwidth probe at the start of dssync-topo.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(10),
+    default=600.0,
+    show_default=True,
+    help="Seconds one run may take.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default="dssync-bench.png",
-              show_default=True)
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where worker logs and timings go (default: a temporary folder).")
-def bench(scenarios, methods, params, steps, dynamic_steps, period, warmup, probe, timeout_s,
-          json_path, plot_path, out_dir) -> None:
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default="dssync-bench.png",
+    show_default=True,
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where worker logs and timings go (default: a temporary folder).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(("auto", "cpu", "cuda")),
+    default="auto",
+    show_default=True,
+    help="Where each worker keeps its model (auto: CUDA when present).",
+)
+def bench(
+    scenarios,
+    methods,
+    params,
+    steps,
+    dynamic_steps,
+    period,
+    warmup,
+    probe,
+    timeout_s,
+    json_path,
+    plot_path,
+    out_dir,
+    device,
+) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
     if warmup >= steps:
         raise click.BadParameter(f"--warmup {warmup} must be below --steps {steps}")
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="dssync-bench-"))
-    settings = BenchSettings(params=params, steps=steps, dynamic_steps=dynamic_steps, warmup=warmup,
-                             period=period, probe=probe, timeout_s=timeout_s, out_dir=out)
+    settings = BenchSettings(
+        params=params,
+        steps=steps,
+        dynamic_steps=dynamic_steps,
+        warmup=warmup,
+        period=period,
+        probe=probe,
+        timeout_s=timeout_s,
+        out_dir=out,
+        device=device,
+    )
     results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
     console.print(bench_table(results, params))
     bench_plot(results, plot_path)
     console.print(f"plot: {plot_path}; worker logs: {out}")
     if json_path:
-        write_json(json_path, {"settings": {**vars(settings), "out_dir": str(out)}, "results": results})
+        write_json(
+            json_path, {"settings": {**vars(settings), "out_dir": str(out)}, "results": results}
+        )

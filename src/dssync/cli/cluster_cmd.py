@@ -8,16 +8,23 @@ from pathlib import Path
 
 import click
 
-from dssync.cluster import Cluster, ClusterError, Scenario, TopologyError, load_topology
-from dssync.cluster.netns import STATE_DIR, check_prefix, list_prefixes, remove_prefix
-from dssync.cluster.spec import ClusterSpec, read_topology
+from dssync.cluster import (
+    Cluster,
+    ClusterError,
+    ClusterSpec,
+    ClusterSpecError,
+    Scenario,
+    load_cluster,
+)
+from dssync.cluster.names import check_prefix
+from dssync.cluster.netns import STATE_DIR, list_prefixes, remove_prefix
 
 
-def _load(topology: str) -> ClusterSpec:
+def _load(spec_name: str) -> ClusterSpec:
     try:
-        spec = load_topology(topology)
-    except TopologyError as exc:
-        raise click.BadParameter(str(exc), param_hint="TOPOLOGY") from None
+        spec = load_cluster(spec_name)
+    except ClusterSpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="CLUSTER_SPEC") from None
     return spec
 
 
@@ -53,18 +60,18 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.argument("topology")
+@click.argument("cluster_spec")
 @click.option(
     "--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random)."
 )
-def up(topology: str, prefix: str | None) -> None:
-    """Build the cluster described by TOPOLOGY (a shipped name or a .toml path) and keep it."""
-    spec = _load(topology)
+def up(cluster_spec: str, prefix: str | None) -> None:
+    """Build the cluster described by CLUSTER_SPEC (a shipped name or a .toml path) and keep it."""
+    spec = _load(cluster_spec)
     try:
         built = Cluster(spec, prefix=prefix).up()
     except ClusterError as exc:
         raise click.ClickException(str(exc)) from None
-    built.save_state(read_topology(topology)[0])
+    built.save_state()
     click.echo(_describe(built))
     click.echo(f"tear down with: dssync cluster down {built.prefix}")
 
@@ -88,7 +95,7 @@ def down(prefix: str | None, all_: bool) -> None:
 
 
 @cluster.command(context_settings={"ignore_unknown_options": True})
-@click.argument("topology")
+@click.argument("cluster_spec")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option(
     "--prefix", default=None, callback=_prefix, help="Name prefix, e.g. dss01 (default: random)."
@@ -114,18 +121,18 @@ def down(prefix: str | None, all_: bool) -> None:
     help="Write each rank's output to LOG_DIR/rank<r>.log.",
 )
 def run(
-    topology: str,
+    cluster_spec: str,
     command: tuple[str, ...],
     prefix: str | None,
     timeout_s: float,
     duration_s: float | None,
     log_dir: Path | None,
 ) -> None:
-    """Build TOPOLOGY, run COMMAND once per worker in its namespace, tear down.
+    """Build CLUSTER_SPEC, run COMMAND once per worker in its namespace, tear down.
 
     Example: dssync cluster run s2-inter-rack -- python train.py
     """
-    spec = _load(topology)
+    spec = _load(cluster_spec)
     if any(e.at_s is None for e in spec.events) and duration_s is None:
         raise click.UsageError(
             f"{spec.source} has events at a fraction of the run; pass --duration SECONDS"

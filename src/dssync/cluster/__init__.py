@@ -1,50 +1,58 @@
 """Emulated cluster: network namespaces, veth pairs, bridges and ``tc tbf`` rate limits.
 
+Modules, lowest first: ``shell`` (iproute2 calls), ``spec`` (cluster spec files), ``names``
+(namespaces, interfaces, addresses), ``shaping`` (tbf), ``workers`` (one process per rank in
+its namespace), ``accounting`` (link byte counters), ``throughput`` (TCP rate between two
+hosts), ``netns`` (the :class:`Cluster` that builds and tears down), ``scenario`` (timed rate
+changes).
+
 Example::
 
-    from dssync.cluster import Cluster, load_topology
+    from dssync.cluster import Cluster, load_cluster
 
-    spec = load_topology("s2-inter-rack")
+    spec = load_cluster("s2-inter-rack")
     with Cluster(spec) as cluster:
         result = cluster.run([sys.executable, "train.py"], timeout_s=600)
 """
 
 from dssync.cluster.accounting import LinkBytes, diff, link_bytes
-from dssync.cluster.launch import RunResult, Workers, launch, rank_env
+from dssync.cluster.names import ClusterNames
 from dssync.cluster.netns import Cluster, list_prefixes, remove_prefix
-from dssync.cluster.probe import measure_mbit
 from dssync.cluster.scenario import Scenario, Step, plan
 from dssync.cluster.shell import ClusterError, require_root_and_tools
 from dssync.cluster.spec import (
     ClusterSpec,
+    ClusterSpecError,
     Event,
-    TopologyError,
-    load_topology,
-    parse_topology,
-    shipped_topologies,
+    load_cluster,
+    parse_cluster,
+    shipped_clusters,
 )
+from dssync.cluster.throughput import measure_mbit
+from dssync.cluster.workers import RunResult, Workers, rank_env, start_workers
 
 __all__ = [
     "Cluster",
     "ClusterError",
+    "ClusterNames",
     "ClusterSpec",
+    "ClusterSpecError",
     "Event",
     "LinkBytes",
     "RunResult",
     "Scenario",
     "Step",
-    "TopologyError",
     "Workers",
     "diff",
-    "launch",
     "link_bytes",
     "list_prefixes",
-    "load_topology",
+    "load_cluster",
     "measure_mbit",
-    "parse_topology",
+    "parse_cluster",
     "plan",
     "rank_env",
     "remove_prefix",
     "require_root_and_tools",
-    "shipped_topologies",
+    "shipped_clusters",
+    "start_workers",
 ]

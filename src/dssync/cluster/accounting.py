@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from dssync.cluster.names import ClusterNames
 from dssync.cluster.shell import sh
-
-if TYPE_CHECKING:
-    from dssync.cluster.netns import Cluster
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,7 @@ class LinkBytes:
         return self.up + self.down
 
 
-def link_bytes(cluster: Cluster) -> dict[str, LinkBytes]:
+def link_bytes(cluster: ClusterNames) -> dict[str, LinkBytes]:
     """Counters for every link (``host:<h>``, ``rack_uplink:<r>``) since the cluster was built."""
     out = sh(["ip", "-n", cluster.switch_ns, "-s", "-j", "link", "show"])
     stats = {}

@@ -1,60 +1,34 @@
 """Build and tear down an emulated cluster from network namespaces, veth pairs and bridges.
 
-Layout for prefix ``p`` (every name starts with it; interface names stay under 15 chars):
-
-* one namespace per host, ``p-h<i>``, holding interface ``p h<i>`` with address 10.213.x.y/16;
-* one switch namespace ``p-sw`` holding rack bridges ``p r<r>``, the core bridge ``p core``,
-  the switch end ``p h<i>s`` of each host link and both ends ``p u<r>`` / ``p u<r>c`` of each
-  rack uplink. Nothing is attached to the root namespace, so no traffic can leave.
+Where each piece lives is :mod:`dssync.cluster.names`; starting workers in it is
+:mod:`dssync.cluster.workers`; its byte counters are :mod:`dssync.cluster.accounting`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import re
-import secrets
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from dssync.cluster import shaping
+from dssync.cluster.accounting import LinkBytes, link_bytes
+from dssync.cluster.names import ANY_PREFIX_RE, SUBNET, ClusterNames, check_prefix
 from dssync.cluster.shell import ClusterError, require_root_and_tools, sh
-from dssync.cluster.spec import ClusterSpec, parse_topology
-
-if TYPE_CHECKING:
-    from dssync.cluster.accounting import LinkBytes
-    from dssync.cluster.launch import RunResult, Workers
-
-SUBNET = ipaddress.ip_network("10.213.0.0/16")
-PREFIX_RE = re.compile(r"^dss[a-z0-9]{1,6}$")
-ANY_PREFIX_RE = re.compile(r"^(dss[a-z0-9]{1,6})-(h\d+|sw)$")
+from dssync.cluster.spec import ClusterSpec
+from dssync.cluster.workers import RunResult, Workers, rank_env, start_workers
 
 
-def new_prefix() -> str:
-    """A fresh random prefix such as ``dss3fa9``."""
-    return f"dss{secrets.token_hex(2)}"
-
-
-def check_prefix(prefix: str) -> str:
-    if not PREFIX_RE.match(prefix):
-        raise ClusterError(
-            f"prefix {prefix!r} is not valid; use 'dss' followed by 1-6 lowercase letters or "
-            "digits, e.g. dss01"
-        )
-    return prefix
-
-
-class Cluster:
+class Cluster(ClusterNames):
     """An emulated cluster: one namespace per host, shaped links, bridges in a switch namespace.
 
     Example::
 
-        spec = load_topology("tiny")
+        spec = load_cluster("tiny")
         with Cluster(spec) as cluster:           # builds it; tears it down on exit or SIGTERM
             cluster.set_rate("rack_uplink", 100)
             result = cluster.run([sys.executable, "train.py"], timeout_s=60)
@@ -62,37 +36,9 @@ class Cluster:
     """
 
     def __init__(self, spec: ClusterSpec, prefix: str | None = None) -> None:
-        self.spec = spec
-        self.prefix = check_prefix(prefix) if prefix else new_prefix()
+        super().__init__(spec, prefix)
         self.rates: dict[str, float | None] = spec.link_rates()
         self._old_sigterm: object = None
-
-    # names and addresses -------------------------------------------------------------------
-    @property
-    def switch_ns(self) -> str:
-        return f"{self.prefix}-sw"
-
-    def host_ns(self, host: int) -> str:
-        self.spec.rack_of_host(host)
-        return f"{self.prefix}-h{host}"
-
-    def host_ifname(self, host: int) -> str:
-        """The host's interface inside its namespace (use as GLOO_SOCKET_IFNAME)."""
-        self.spec.rack_of_host(host)
-        return f"{self.prefix}h{host}"
-
-    def address_of(self, host: int) -> str:
-        """The IPv4 address of host ``host`` (e.g. ``10.213.0.1`` for host 0)."""
-        self.spec.rack_of_host(host)
-        return str(SUBNET.network_address + host + 1)
-
-    def link_ends(self, link: str) -> list[tuple[str, str]]:
-        """The (namespace, interface) pairs at both ends of a concrete link like ``host:3``."""
-        kind, index = link.split(":")
-        i = int(index)
-        if kind == "host":
-            return [(self.host_ns(i), self.host_ifname(i)), (self.switch_ns, f"{self.prefix}h{i}s")]
-        return [(self.switch_ns, f"{self.prefix}u{i}"), (self.switch_ns, f"{self.prefix}u{i}c")]
 
     # build / teardown --------------------------------------------------------------------
     def up(self) -> Cluster:
@@ -215,40 +161,23 @@ class Cluster:
                 signal.signal(signal.SIGTERM, self._old_sigterm or signal.SIG_DFL)
                 self._old_sigterm = None
 
-    # state file, so the CLI can find a cluster built by an earlier command ----------------
-    def save_state(self, topology_text: str) -> Path:
-        """Record prefix and topology under /tmp/dssync-clusters so ``attach`` can find it."""
+    # state file, so `dssync cluster list` can name what a cluster was built from -----------
+    def save_state(self) -> Path:
+        """Record prefix and cluster spec source under /tmp/dssync-clusters."""
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         path = STATE_DIR / f"{self.prefix}.json"
-        path.write_text(
-            json.dumps(
-                {"prefix": self.prefix, "source": self.spec.source, "topology": topology_text}
-            )
-        )
+        path.write_text(json.dumps({"prefix": self.prefix, "source": self.spec.source}))
         return path
 
-    @classmethod
-    def attach(cls, prefix: str) -> Cluster:
-        """A handle on a cluster built earlier (e.g. by ``dssync cluster up``), from its state."""
-        path = STATE_DIR / f"{check_prefix(prefix)}.json"
-        if not path.is_file():
-            raise ClusterError(f"no state file {path}; build the cluster with `dssync cluster up`")
-        state = json.loads(path.read_text())
-        return cls(parse_topology(state["topology"], state["source"]), prefix=prefix)
-
-    # launching and accounting live in their own modules ------------------------------------
+    # workers and accounting live in their own modules ---------------------------------------
     def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:
-        from dssync.cluster.launch import rank_env
-
         return rank_env(self, rank, master_port)
 
     def launch(
         self, argv: list[str], env: dict[str, str] | None = None, log_dir: Path | None = None
     ) -> Workers:
-        """Start ``argv`` once per worker in its host namespace; see ``launch.launch``."""
-        from dssync.cluster.launch import launch
-
-        return launch(self, argv, env=env, log_dir=log_dir)
+        """Start ``argv`` once per worker in its host namespace; see ``workers.start_workers``."""
+        return start_workers(self, argv, env=env, log_dir=log_dir)
 
     def run(
         self,
@@ -262,8 +191,6 @@ class Cluster:
 
     def link_bytes(self) -> dict[str, LinkBytes]:
         """Byte counters of every link now; subtract two snapshots with ``accounting.diff``."""
-        from dssync.cluster.accounting import link_bytes
-
         return link_bytes(self)
 
 

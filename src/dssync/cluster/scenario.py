@@ -1,4 +1,4 @@
-"""Timed rate changes: apply a topology's events to a live cluster from a background thread."""
+"""Timed rate changes: apply a cluster spec's events to a live cluster from a background thread."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topology files: parse a TOML description of an emulated cluster into frozen dataclasses.
+"""Cluster spec files: parse a TOML description of an emulated cluster into frozen dataclasses.
 
 A cluster is ``racks`` racks of ``hosts_per_rack`` hosts, each running ``workers_per_host``
 workers. Each host has a link to its rack switch; with more than one rack, each rack has an
@@ -14,9 +14,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dssync.errors import UsageError
+from dssync.topology.model import Topology
 
-class TopologyError(ValueError):
-    """A topology file (or link name) is malformed; the message names the file and the fix."""
+
+class ClusterSpecError(UsageError):
+    """A cluster spec file (or link name) is malformed; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Event:
         if self.at_s is not None:
             return self.at_s
         if duration_s is None:
-            raise TopologyError(
+            raise ClusterSpecError(
                 f"event on {self.link!r} uses at_fraction={self.at_fraction} but no run duration "
                 "was given; pass duration_s (CLI: --duration SECONDS) or use at_s in the file"
             )
@@ -42,14 +45,15 @@ class Event:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A parsed topology.
+    """A parsed cluster spec: racks, hosts, workers per host, link rates and timed events.
 
     Example::
 
-        spec = load_topology("s2-inter-rack")
+        spec = load_cluster("s2-inter-rack")
         spec.world_size          # 8
         spec.rack_of_rank(5)     # 1
         spec.link_rates()        # {"host:0": 1000.0, ..., "rack_uplink:0": 200.0, ...}
+        spec.topology()          # the dssync.topology.Topology of its ranks, rates as configured
     """
 
     name: str
@@ -92,7 +96,7 @@ class ClusterSpec:
 
     def hosts_in_rack(self, rack: int) -> list[int]:
         if not 0 <= rack < self.racks:
-            raise TopologyError(f"rack {rack} does not exist; racks are 0..{self.racks - 1}")
+            raise ClusterSpecError(f"rack {rack} does not exist; racks are 0..{self.racks - 1}")
         first = rack * self.hosts_per_rack
         return list(range(first, first + self.hosts_per_rack))
 
@@ -140,55 +144,61 @@ class ClusterSpec:
         elif kind == "rack_uplink" and self.has_core:
             count = self.racks
         else:
-            raise TopologyError(f"unknown link {link!r}; {fix}")
+            raise ClusterSpecError(f"unknown link {link!r}; {fix}")
         if not index:
             return [f"{kind}:{i}" for i in range(count)]
         if not index.isdigit() or int(index) >= count:
-            raise TopologyError(f"link {link!r} does not exist; {fix}")
+            raise ClusterSpecError(f"link {link!r} does not exist; {fix}")
         return [f"{kind}:{int(index)}"]
+
+    def topology(self) -> Topology:
+        """The exact :class:`~dssync.topology.Topology` of this cluster (rates as configured)."""
+        ranks = range(self.world_size)
+        plain = Topology(
+            hosts=tuple(self.host_of_rank(r) for r in ranks),
+            racks=tuple(self.rack_of_rank(r) for r in ranks),
+        )
+        host_mbit = {h: self.host_rate(h) for h in range(self.num_hosts)}
+        return plain.with_rates(host_mbit, self.rack_uplink_mbit if self.has_core else None)
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world_size:
-            raise TopologyError(f"rank {rank} does not exist; ranks are 0..{self.world_size - 1}")
+            raise ClusterSpecError(
+                f"rank {rank} does not exist; ranks are 0..{self.world_size - 1}"
+            )
 
     def _check_host(self, host: int) -> None:
         if not 0 <= host < self.num_hosts:
-            raise TopologyError(f"host {host} does not exist; hosts are 0..{self.num_hosts - 1}")
+            raise ClusterSpecError(f"host {host} does not exist; hosts are 0..{self.num_hosts - 1}")
 
 
-def shipped_topologies() -> list[str]:
-    """Names of the topology files shipped in ``dssync/topologies``."""
+def shipped_clusters() -> list[str]:
+    """Names of the cluster spec files shipped in ``dssync/topologies``."""
     folder = resources.files("dssync") / "topologies"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
-def load_topology(name_or_path: str | Path) -> ClusterSpec:
-    """Load a shipped topology by name (``"s2-inter-rack"``) or a TOML file by path."""
-    text, source = read_topology(name_or_path)
-    return parse_topology(text, source=source)
-
-
-def read_topology(name_or_path: str | Path) -> tuple[str, str]:
-    """The TOML text of a shipped name or a path, and a source label for error messages."""
+def load_cluster(name_or_path: str | Path) -> ClusterSpec:
+    """Load a shipped cluster spec by name (``"s2-inter-rack"``) or a TOML file by path."""
     text_name = str(name_or_path)
     path = Path(text_name)
     if path.is_file():
-        return path.read_text(), str(path)
+        return parse_cluster(path.read_text(), source=str(path))
     shipped = resources.files("dssync") / "topologies" / f"{text_name.removesuffix('.toml')}.toml"
     if not shipped.is_file():
-        raise TopologyError(
-            f"topology {text_name!r} is neither a file nor a shipped name; "
-            f"use a path or one of: {', '.join(shipped_topologies())}"
+        raise ClusterSpecError(
+            f"cluster spec {text_name!r} is neither a file nor a shipped name; "
+            f"use a path or one of: {', '.join(shipped_clusters())}"
         )
-    return shipped.read_text(), f"{shipped.name} (shipped)"
+    return parse_cluster(shipped.read_text(), source=f"{shipped.name} (shipped)")
 
 
-def parse_topology(text: str, source: str = "<string>") -> ClusterSpec:
-    """Parse topology TOML text; ``source`` names the file in error messages."""
+def parse_cluster(text: str, source: str = "<string>") -> ClusterSpec:
+    """Parse cluster spec TOML text; ``source`` names the file in error messages."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise TopologyError(f"{source}: not valid TOML ({exc}); fix the syntax") from None
+        raise ClusterSpecError(f"{source}: not valid TOML ({exc}); fix the syntax") from None
     _Checker(source).check_keys(data, {"name", "cluster", "host_override", "event"}, "top level")
     check = _Checker(source)
     cluster = check.table(data, "cluster")
@@ -208,7 +218,7 @@ def parse_topology(text: str, source: str = "<string>") -> ClusterSpec:
         source=source,
     )
     if spec.rack_uplink_mbit is not None and racks == 1:
-        raise TopologyError(
+        raise ClusterSpecError(
             f"{source}: rack_uplink_mbit is set but racks = 1, so there is no uplink; "
             "remove rack_uplink_mbit or set racks >= 2"
         )
@@ -218,7 +228,7 @@ def parse_topology(text: str, source: str = "<string>") -> ClusterSpec:
         check.check_keys(item, {"host", "rate_mbit"}, where)
         host = check.int_in(item, "host", where, spec.num_hosts)
         if host in overrides:
-            raise TopologyError(f"{source}: host {host} is overridden twice; keep one {where}")
+            raise ClusterSpecError(f"{source}: host {host} is overridden twice; keep one {where}")
         overrides[host] = check.rate(item, "rate_mbit", where)
     events = []
     for i, item in enumerate(check.array(data, "event")):
@@ -227,13 +237,13 @@ def parse_topology(text: str, source: str = "<string>") -> ClusterSpec:
 
 
 class _Checker:
-    """Small helpers that read typed values and raise TopologyError naming file and fix."""
+    """Small helpers that read typed values and raise ClusterSpecError naming file and fix."""
 
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def fail(self, message: str) -> TopologyError:
-        return TopologyError(f"{self.source}: {message}")
+    def fail(self, message: str) -> ClusterSpecError:
+        return ClusterSpecError(f"{self.source}: {message}")
 
     def check_keys(self, table: dict[str, Any], allowed: set[str], where: str) -> None:
         unknown = sorted(set(table) - allowed)
@@ -294,7 +304,7 @@ class _Checker:
             raise self.fail(f'{where} needs link = "rack_uplink", "rack_uplink:<r>" or "host:<h>"')
         try:
             spec.expand_link(link)
-        except TopologyError as exc:
+        except ClusterSpecError as exc:
             raise self.fail(f"{where}: {exc}") from None
         rate = self.rate(item, "rate_mbit", where)
         if "at_s" in item:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from rich.table import Table
 
-def time_to_target(evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool) -> float | None:
+
+def time_to_target(
+    evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool
+) -> float | None:
     """Training seconds until the averaged model first reached ``target`` (None if it never did)."""
     for e in evals:
         value = e.get(metric)
@@ -32,7 +36,11 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
     first = runs[0]
     metric, higher = first["metric_name"], first["higher_is_better"]
     finals = [r["final_metric"] for r in runs]
-    reach = [time_to_target(r["evals"], metric, target, higher) for r in runs] if target is not None else []
+    reach = (
+        [time_to_target(r["evals"], metric, target, higher) for r in runs]
+        if target is not None
+        else []
+    )
     reached = [t for t in reach if t is not None]
     return {
         "metric_name": metric,
@@ -47,9 +55,55 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
         # Mean over the seeds that reached the target; None when no seed did.
         "time_to_target_s": _mean(reached) if reached else None,
         "seeds_reaching_target": len(reached),
-        "iterations_per_s": _mean([r["steps"] / r["train_time_s"] for r in runs if r["train_time_s"] > 0]),
+        "iterations_per_s": _mean(
+            [r["steps"] / r["train_time_s"] for r in runs if r["train_time_s"] > 0]
+        ),
         "iter_time_s": _mean([r["iter_time_s"] for r in runs]),
         "sync_time_s": _mean([r["sync_time_s"] for r in runs]),
         "consensus_distance": _mean([r["consensus_distance"] for r in runs]),
         "train_time_s": _mean([r["train_time_s"] for r in runs]),
     }
+
+
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], target: float | None = None, reference: str = "bsp"
+) -> dict[str, Any]:
+    """Per-method figures. The target defaults to the reference method's mean final metric."""
+    source = "given"
+    if target is None:
+        ref = runs.get(reference) or next(iter(runs.values()))
+        target = sum(r["final_metric"] for r in ref) / len(ref)
+        source = f"mean final metric of {reference if reference in runs else next(iter(runs))}"
+    return {
+        "target": target,
+        "target_source": source,
+        "methods": {m: method_summary(rs, target) for m, rs in runs.items()},
+    }
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The comparison as a terminal table: one row per method (what `dssync compare` prints)."""
+    t = Table(title=f"target {summary['target']:.4f} ({summary['target_source']})")
+    for col in [
+        "method",
+        "final (mean ± std)",
+        "SWA",
+        "time to target",
+        "it/s",
+        "sync/it",
+        "consensus",
+    ]:
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for name, m in summary["methods"].items():
+        ttt = "n/a" if m["time_to_target_s"] is None else f"{m['time_to_target_s']:.2f} s"
+        swa = "n/a" if m["swa_metric"] is None else f"{m['swa_metric']:.4f}"
+        t.add_row(
+            name,
+            f"{m['final_metric']:.4f} ± {m['final_metric_std']:.4f}",
+            swa,
+            ttt,
+            f"{m['iterations_per_s']:.1f}",
+            f"{m['sync_time_s'] * 1000:.2f} ms",
+            f"{m['consensus_distance']:.2e}",
+        )
+    return t

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dssync.cluster.spec import ClusterSpec
 
 SLOW_FRACTION = 0.5  # a host whose link is below half the median host rate is slow
 
@@ -95,16 +91,6 @@ class Topology:
         up = "?" if self.uplink_mbit is None else f"{self.uplink_mbit:.0f}"
         return (f"Topology({self.world_size} ranks, {self.num_hosts} hosts, {self.num_racks} racks, "
                 f"host Mbit/s {{{rates}}}, uplink {up} Mbit/s, slow hosts {list(self.slow_hosts)})")
-
-    @classmethod
-    def from_spec(cls, spec: ClusterSpec) -> Topology:
-        """The exact topology of an emulated cluster spec (rates as configured)."""
-        ranks = range(spec.world_size)
-        hosts = tuple(spec.host_of_rank(r) for r in ranks)
-        host_mbit = {h: spec.host_rate(h) for h in range(spec.num_hosts)}
-        up = spec.rack_uplink_mbit if spec.has_core else None
-        return cls(hosts=hosts, racks=tuple(spec.rack_of_rank(r) for r in ranks),
-                   host_mbit=host_mbit, uplink_mbit=up, slow_hosts=slow_hosts_of(host_mbit))
 
 
 def slow_hosts_of(host_mbit: dict[int, float]) -> tuple[int, ...]:

@@ -41,6 +41,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    device: str = "auto"
     crash_rank: int | None = None
     crash_at_step: int | None = None
 

@@ -82,9 +82,6 @@ class WordTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self.stoi.get(w, UNK) for w in words(text)]
 
-    def decode(self, ids: list[int]) -> str:
-        return " ".join(self.itos[i] for i in ids)
-
 
 def chunk(ids: list[int], seq_len: int) -> torch.Tensor:
     """Cut a token stream into ``[CLS] ... [SEP]`` rows of ``seq_len``; the ragged tail is dropped."""

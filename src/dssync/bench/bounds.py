@@ -13,9 +13,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from dssync.cluster.spec import ClusterSpec
+from dssync.methods import get_method
 from dssync.schedules import Schedule, Shuffle
 from dssync.schedules.topology import plan_topology_aware
-from dssync.topology import Topology
 
 Send = tuple[int, int, float]  # (from rank, to rank, bytes)
 
@@ -49,17 +49,22 @@ def busiest_s(loads: dict[tuple[str, str], float], rates: dict[str, float | None
     return max(times, default=0.0)
 
 
-def schedule_bound(spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int,
-                   rates: dict[str, float | None]) -> float:
+def schedule_bound(
+    spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
+) -> float:
     """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
-    sends = [s for t in range(steps) for g in schedule.partition(t, spec.world_size)
-             for s in ring_allreduce(g, nbytes)]
+    sends = [
+        s
+        for t in range(steps)
+        for g in schedule.partition(t, spec.world_size)
+        for s in ring_allreduce(g, nbytes)
+    ]
     return busiest_s(link_loads(spec, sends), rates) / steps
 
 
 def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float | None]) -> float:
     """Reduce in each domain (reduce-scatter + gather), ring all-reduce of leaders, broadcast back."""
-    domains = Topology.from_spec(spec).domains()
+    domains = spec.topology().domains()
     if len(domains) == 1:
         return busiest_s(link_loads(spec, ring_allreduce(domains[0], nbytes)), rates)
     reduce, bcast = [], []
@@ -73,20 +78,31 @@ def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float 
     return sum(busiest_s(link_loads(spec, phase), rates) for phase in (reduce, leaders, bcast))
 
 
-def lower_bound(spec: ClusterSpec, method: str, nbytes: float, period: int = 8,
-                rates: dict[str, float | None] | None = None) -> float:
-    """Seconds per iteration that the link rates allow ``method`` at best (sync only)."""
+def lower_bound(
+    spec: ClusterSpec,
+    method: str,
+    nbytes: float,
+    period: int = 8,
+    rates: dict[str, float | None] | None = None,
+) -> float | None:
+    """Seconds per iteration that the link rates allow ``method`` at best (sync only).
+
+    None for a method with no model here (its bound is not worked out).
+    """
     rates = rates or spec.link_rates()
-    if method == "ddp":
-        return busiest_s(link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates)
+    method = get_method(method).name
+    if method == "bsp":
+        return busiest_s(
+            link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates
+        )
     if method == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if method == "dssync":
         return schedule_bound(spec, Shuffle(2, seed=0, period=period), nbytes, period, rates)
     if method == "dssync-topo":
-        topo = Topology.from_spec(spec)
+        topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
         schedule = plan_topology_aware(topo, max_every=period)
         return schedule_bound(spec, schedule, nbytes, schedule.period, rates)
-    raise ValueError(f"unknown method {method!r}")
+    return None

@@ -10,18 +10,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from dssync.cluster.names import ClusterNames
 from dssync.cluster.shell import sh
-
-if TYPE_CHECKING:
-    from dssync.cluster.netns import Cluster
 
 KILL_GRACE_S = 3.0
 TIMEOUT_EXIT_CODE = 124
 
 
-def rank_env(cluster: Cluster, rank: int, master_port: int) -> dict[str, str]:
+def rank_env(cluster: ClusterNames, rank: int, master_port: int) -> dict[str, str]:
     """The environment variables worker ``rank`` gets (torch.distributed's env:// names)."""
     spec = cluster.spec
     host = spec.host_of_rank(rank)
@@ -40,7 +38,7 @@ def rank_env(cluster: Cluster, rank: int, master_port: int) -> dict[str, str]:
     }
 
 
-def free_port(cluster: Cluster, host: int = 0) -> int:
+def free_port(cluster: ClusterNames, host: int = 0) -> int:
     """A TCP port that is free on ``host`` (asked inside its namespace)."""
     code = "import socket; s=socket.socket(); s.bind(('',0)); print(s.getsockname()[1])"
     out = sh(["ip", "netns", "exec", cluster.host_ns(host), sys.executable, "-c", code])
@@ -137,8 +135,8 @@ class Workers:
         self._logs = []
 
 
-def launch(
-    cluster: Cluster,
+def start_workers(
+    cluster: ClusterNames,
     argv: list[str],
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,

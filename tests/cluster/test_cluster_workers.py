@@ -8,7 +8,7 @@ import time
 import pytest
 from cluster_helpers import assert_gone
 
-from dssync.cluster import Cluster, load_topology, parse_topology
+from dssync.cluster import Cluster, load_cluster, parse_cluster
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(60)]
 
@@ -32,7 +32,7 @@ PRINT_ENV = (
 
 
 def test_each_worker_gets_its_env_and_namespace(tmp_path):
-    spec = parse_topology(SPEC, "launch (test)")
+    spec = parse_cluster(SPEC, "launch (test)")
     with Cluster(spec) as cluster:
         result = cluster.run(
             [sys.executable, "-c", PRINT_ENV], env={"EXTRA": "1"}, timeout_s=30, log_dir=tmp_path
@@ -55,7 +55,7 @@ def test_each_worker_gets_its_env_and_namespace(tmp_path):
 
 def test_a_failing_worker_stops_the_others():
     code = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(60)\n"
-    with Cluster(load_topology("tiny")) as cluster:
+    with Cluster(load_cluster("tiny")) as cluster:
         start = time.monotonic()
         result = cluster.run([sys.executable, "-c", code], timeout_s=30)
         assert time.monotonic() - start < 10
@@ -66,7 +66,7 @@ def test_a_failing_worker_stops_the_others():
 
 
 def test_timeout_kills_everyone():
-    with Cluster(load_topology("tiny")) as cluster:
+    with Cluster(load_cluster("tiny")) as cluster:
         result = cluster.run([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1)
     assert result.timed_out and result.exit_code == 124
     assert all(code is not None for code in result.returncodes)
@@ -81,7 +81,7 @@ def test_workers_talk_over_gloo(tmp_path):
         "print(t.item())\n"
         "dist.destroy_process_group()\n"
     )
-    with Cluster(load_topology("tiny")) as cluster:
+    with Cluster(load_cluster("tiny")) as cluster:
         result = cluster.run([sys.executable, "-c", code], timeout_s=40, log_dir=tmp_path)
     logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(2)]
     assert result.ok, (result.summary(), logs)

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from dssync.errors import UsageError
+from dssync.methods import get_method
 from dssync.train import TrainConfig, run_training
 
-METHODS = {"dssync": {"sync": "dssync", "schedule": "shuffle"},
-           "dssync-static": {"sync": "dssync", "schedule": "static"},
-           "bsp": {"sync": "bsp"}}
+DEFAULT_METHODS = ("dssync", "dssync-static", "bsp")
 
 
 @dataclass
@@ -37,31 +37,52 @@ class StragglerSettings:
     slow_ms: float = 20.0
     steps: int = 60
     seed: int = 0
-    methods: tuple[str, ...] = ("dssync", "bsp")
+    methods: tuple[str, ...] = ("dssync", "bsp")  # names from dssync.methods
     timeout_s: float = 120.0
 
 
 def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:
     """One row per method: the others' iteration time without and with the straggler, and the ratio."""
     for m in s.methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        get_method(m)
     if not 0 <= s.slow_rank < s.workers:
-        raise ValueError(f"--slow-rank {s.slow_rank} does not exist with {s.workers} workers; use 0 to {s.workers - 1}")
-    base = TrainConfig(workload=s.workload, group_size=s.group_size, epochs=10**6, max_steps=s.steps, eval_every=10**9,
-                       seed=s.seed, timeout_s=s.timeout_s, progress=False, slow_rank=s.slow_rank)
+        raise UsageError(
+            f"--slow-rank {s.slow_rank} does not exist with {s.workers} workers; use 0 to {s.workers - 1}"
+        )
+    base = TrainConfig(
+        workload=s.workload,
+        group_size=s.group_size,
+        epochs=10**6,
+        max_steps=s.steps,
+        eval_every=10**9,
+        seed=s.seed,
+        timeout_s=s.timeout_s,
+        progress=False,
+        slow_rank=s.slow_rank,
+    )
     rows = []
     for m in s.methods:
         times = {}
         for label, ms in (("plain", 0.0), ("straggler", s.slow_ms)):
-            cfg = replace(base, slow_ms=ms, **METHODS[m])
+            cfg = replace(base, sync=m, slow_ms=ms)
             summary = run_training(cfg, workers=s.workers)
             times[label] = summary["rank_iter_time_s"]
         others = [r for r in range(s.workers) if r != s.slow_rank]
         plain = float(np.mean([times["plain"][r] for r in others]))
         slow = float(np.mean([times["straggler"][r] for r in others]))
-        rows.append({"method": m, "workers": s.workers, "slow_rank": s.slow_rank, "slow_ms": s.slow_ms,
-                     "steps": s.steps, "others_iter_s": plain, "others_iter_straggler_s": slow,
-                     "slowdown": slow / plain, "added_ms": (slow - plain) * 1000,
-                     "rank_iter_s": times["plain"], "rank_iter_straggler_s": times["straggler"]})
+        rows.append(
+            {
+                "method": m,
+                "workers": s.workers,
+                "slow_rank": s.slow_rank,
+                "slow_ms": s.slow_ms,
+                "steps": s.steps,
+                "others_iter_s": plain,
+                "others_iter_straggler_s": slow,
+                "slowdown": slow / plain,
+                "added_ms": (slow - plain) * 1000,
+                "rank_iter_s": times["plain"],
+                "rank_iter_straggler_s": times["straggler"],
+            }
+        )
     return rows

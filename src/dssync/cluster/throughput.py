@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import TYPE_CHECKING
 
+from dssync.cluster.names import ClusterNames
 from dssync.cluster.shell import ClusterError
-
-if TYPE_CHECKING:
-    from dssync.cluster.netns import Cluster
 
 # Receiver: accept one connection, count bytes, print Mbit/s from the first to the last byte.
 RECEIVER = """
@@ -35,7 +32,7 @@ s.close()
 
 
 def measure_mbit(
-    cluster: Cluster,
+    cluster: ClusterNames,
     src: int,
     dst: int,
     nbytes: int = 4_000_000,

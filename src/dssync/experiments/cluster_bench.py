@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import threading
 import time
@@ -24,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dssync.bench.cluster_bounds import lower_bound
-from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_topology
+from dssync.bench.bounds import lower_bound
+from dssync.bench.timings import recovery, summarize
+from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_cluster
+from dssync.methods import get_method
 
 SCENARIOS = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
-RECOVERED = 1.25  # back to within 25% of the pre-contention pace
+# The default set of methods (names from dssync.methods).
+METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo")
 
 
 @dataclass
@@ -48,20 +50,28 @@ class BenchSettings:
     probe: bool = True
     timeout_s: float = 600.0
     out_dir: Path = Path("dssync-bench")
+    device: str = "auto"
 
 
-def run_bench(scenarios: list[str], methods: list[str], settings: BenchSettings,
-              log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
-    """Results by scenario, then by method; see :func:`summarize` for the keys."""
+def run_bench(
+    scenarios: list[str],
+    methods: list[str],
+    settings: BenchSettings,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
+    """Results by scenario, then by method; see :func:`dssync.bench.timings.summarize` and
+    :func:`run_method` for the keys."""
+    for method in methods:
+        get_method(method)  # before any cluster is built
     results: dict[str, dict[str, Any]] = {}
     for name in scenarios:
-        spec = load_topology(name)
+        spec = load_cluster(name)
         with Cluster(spec) as cluster:
             results[spec.name] = {}
             for method in methods:
                 log(f"{spec.name}: {method} ...")
                 results[spec.name][method] = run_method(cluster, method, settings)
-        ddp = results[spec.name].get("ddp")
+        ddp = next((r for m, r in results[spec.name].items() if get_method(m).name == "bsp"), None)
         for r in results[spec.name].values():
             r["ratio_to_ddp"] = r["iter_time_s"] / ddp["iter_time_s"] if ddp else None
     return results
@@ -77,14 +87,34 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         f.unlink()
     for link, rate in spec.link_rates().items():
         cluster.set_rate(link, rate)
-    argv = [sys.executable, "-m", "dssync.bench.cluster_worker", "--method", method,
-            "--params", str(s.params), "--steps", str(steps), "--warmup", str(s.warmup),
-            "--period", str(s.period), "--timeout", str(min(s.timeout_s, 300.0)), "--out", str(work)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dssync.bench.cluster_worker",
+        "--method",
+        method,
+        "--params",
+        str(s.params),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(s.warmup),
+        "--period",
+        str(s.period),
+        "--timeout",
+        str(min(s.timeout_s, 300.0)),
+        "--out",
+        str(work),
+        "--device",
+        s.device,
+    ]
     if s.probe:
         argv.append("--probe")
     before = cluster.link_bytes()
     workers = cluster.launch(argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs")
-    events = _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
+    events = (
+        _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
+    )
     try:
         result = workers.wait(s.timeout_s)
     finally:
@@ -94,9 +124,11 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
             cluster.set_rate(link, rate)
     moved = diff(cluster.link_bytes(), before)
     if not result.ok:
-        raise ClusterError(f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}")
+        raise ClusterError(
+            f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}"
+        )
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
-    out = summarize(ranks, s.warmup, s.period)
+    out = summarize(ranks, s.warmup)
     nbytes = 4 * s.params
     out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.period)
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
@@ -130,8 +162,11 @@ class _EventsWhenWarm:
                 except (ValueError, KeyError):
                     continue
                 self.started_at = time.monotonic()
-                self.scenario = Scenario(self.cluster.set_rate, self.cluster.spec.events,
-                                         duration_s=pace * self.steps_left).start()
+                self.scenario = Scenario(
+                    self.cluster.set_rate,
+                    self.cluster.spec.events,
+                    duration_s=pace * self.steps_left,
+                ).start()
                 return
 
     def stop(self) -> None:
@@ -146,43 +181,3 @@ class _EventsWhenWarm:
         if self.scenario is None:
             return []
         return [(self.started_at + t, step.rate_mbit) for t, step in self.scenario.applied]
-
-
-def summarize(ranks: list[dict[str, Any]], warmup: int, period: int) -> dict[str, Any]:
-    """Means per iteration after warm-up, and the per-step timeline (mean over ranks)."""
-    paces, syncs = [], []
-    for r in ranks:
-        rec = r["records"]
-        paces.append((rec[-1][1] - rec[warmup][0]) / (len(rec) - warmup))
-        syncs.append(statistics.fmean(x[2] for x in rec[warmup:]))
-    ends = [statistics.fmean(r["records"][i][1] for r in ranks) for i in range(len(ranks[0]["records"]))]
-    start = statistics.fmean(r["records"][0][0] for r in ranks)
-    timeline = [{"step": i, "end": e, "iter_s": e - (ends[i - 1] if i else start)} for i, e in enumerate(ends)]
-    out = {"iter_time_s": statistics.fmean(paces), "sync_time_s": statistics.fmean(syncs),
-           "slowest_rank_iter_time_s": max(paces), "timeline": timeline,
-           "switches": ranks[0].get("switches", []), "topology": ranks[0].get("topology")}
-    return out
-
-
-def recovery(timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int,
-             period: int) -> dict[str, Any]:
-    """Paces before, during and after contention, and how many steps the pace took to come back."""
-    if len(applied) < 2:
-        return {"recovery_steps": None, "recovery_periods": None}
-    t_on, t_off = applied[0][0], applied[-1][0]
-    step_at = lambda t: next((p["step"] for p in timeline if p["end"] >= t), len(timeline))  # noqa: E731
-    on, off = step_at(t_on), step_at(t_off)
-    iters = [p["iter_s"] for p in timeline]
-    pre = statistics.median(iters[warmup:on]) if on > warmup else None
-    during = statistics.median(iters[on:off]) if off > on else None
-    back = None
-    if pre is not None:
-        for k in range(off, len(iters) - period + 1):
-            if statistics.median(iters[k : k + period]) <= RECOVERED * pre:
-                back = k
-                break
-    steps = None if back is None else back - off
-    return {"contention_steps": [on, off], "pre_contention_iter_s": pre, "contention_iter_s": during,
-            "post_contention_iter_s": statistics.median(iters[back:]) if back is not None else None,
-            "recovery_steps": steps, "recovery_periods": None if steps is None else steps / period}
-

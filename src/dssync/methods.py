@@ -1,0 +1,199 @@
+"""The synchronization methods every command offers, by name: the one table to add a method to.
+
+Each entry says what the method is (one line, shown in ``--help``), how to build its strategy
+from a :class:`~dssync.train.TrainConfig`, a module and its optimizer, and what it needs from the
+job beyond that (the topology; measured link rates). ``dssync train --sync``, ``dssync compare
+--methods``, ``dssync bench --method`` and ``dssync bench-straggler --methods`` all read it.
+
+To add a method, write its strategy (one file in ``strategies/``), a builder here, and one
+:class:`Method` line in ``_TABLE`` below.
+
+Example::
+
+    from dssync.methods import build_strategy, get_method
+
+    get_method("ddp").name                                # "bsp" (an alias)
+    strategy = build_strategy(cfg, model, optimizer)      # cfg.sync names the method
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from dssync.errors import UsageError
+from dssync.schedules import schedule_from_name
+from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
+from dssync.topology import Topology
+
+if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
+    from dssync.train.config import TrainConfig
+
+Builder = Callable[["TrainConfig", nn.Module, torch.optim.Optimizer, Topology | None], Strategy]
+
+TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not given)
+RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
+
+
+@dataclass(frozen=True)
+class Method:
+    """One synchronization method: its name, a one-line description and its builder.
+
+    ``settings`` are TrainConfig fields the method fixes (a variant of another method, such as
+    DS-Sync on static groups); ``needs`` lists what the job must provide beyond the config.
+
+    Example::
+
+        Method("bsp", "DDP: all-reduce of gradients every step", _bsp, aliases=("ddp",))
+    """
+
+    name: str
+    description: str
+    build: Builder
+    needs: frozenset[str] = frozenset()
+    settings: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def variant(self) -> bool:
+        """True for a preset of another method (left out of ``all``)."""
+        return bool(self.settings)
+
+
+def _bucket_bytes(cfg: TrainConfig) -> int:
+    return int(cfg.bucket_mb * 2**20)
+
+
+def _dssync(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
+    return DSSync(
+        module,
+        schedule=schedule,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def _bsp(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return BSP(module, bucket_cap_mb=cfg.bucket_mb)
+
+
+def _local_sgd(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return LocalSGD(module, period=cfg.local_sgd_period, bucket_bytes=_bucket_bytes(cfg))
+
+
+def _hierarchical(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return Hierarchical(module, topology, bucket_bytes=_bucket_bytes(cfg))
+
+
+def _dssync_topo(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return AdaptiveDSSync(
+        module,
+        topology,
+        replan_every=cfg.period or 8,
+        group_size=cfg.group_size,
+        seed=cfg.seed,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
+_TOPO = frozenset({TOPOLOGY})
+_TOPO_RATES = frozenset({TOPOLOGY, RATES})
+
+# The table. Each line: name, what it does (shown in --help), builder, and what it needs.
+_TABLE = [
+    Method("dssync", "DS-Sync: average within groups that change every step", _dssync),
+    Method("bsp", "DDP: all-reduce of gradients every step", _bsp, aliases=("ddp",)),
+    Method("local-sgd", "local SGD: global average of parameters every few steps", _local_sgd),
+    Method(
+        "hierarchical",
+        "all-reduce in each host or rack, then among leaders",
+        _hierarchical,
+        needs=_TOPO,
+    ),
+    Method(
+        "dssync-topo",
+        "DS-Sync with topology-aware groups, re-planned from timings",
+        _dssync_topo,
+        needs=_TOPO_RATES,
+    ),
+    Method(
+        "dssync-static",
+        "DS-Sync on fixed groups that never shuffle (ablation)",
+        _dssync,
+        settings={"schedule": "static"},
+    ),
+]
+METHODS: dict[str, Method] = {m.name: m for m in _TABLE}
+ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
+
+
+def method_names(variants: bool = True) -> list[str]:
+    """Names of the methods, in table order (without the variants when ``variants`` is False)."""
+    return [n for n, m in METHODS.items() if variants or not m.variant]
+
+
+def choices() -> list[str]:
+    """Every name a user may type: the methods and their aliases."""
+    return [*METHODS, *ALIASES]
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name`` (or one of its aliases); UsageError naming the known ones."""
+    method = METHODS.get(ALIASES.get(name, name))
+    if method is None:
+        raise UsageError(f"unknown method {name!r}; choose from {', '.join(choices())}")
+    return method
+
+
+def parse_methods(text: str) -> list[str]:
+    """A comma-separated list of names (or ``all``: every method but the variants), checked."""
+    if text.strip() == "all":
+        return method_names(variants=False)
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise UsageError(f"no method given; pass a comma-separated list of {', '.join(choices())}")
+    for name in names:
+        get_method(name)
+    return names
+
+
+def help_text(names: Iterable[str] | None = None) -> str:
+    """``name: description`` of each method, for a command's ``--help``."""
+    return "; ".join(f"{n}: {get_method(n).description}" for n in (names or method_names()))
+
+
+def configure(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the settings its method fixes (a variant's schedule, for example)."""
+    return replace(cfg, **get_method(cfg.sync).settings)
+
+
+def build_strategy(
+    cfg: TrainConfig,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    topology: Topology | None = None,
+) -> Strategy:
+    """The strategy ``cfg.sync`` names, wrapping ``module``.
+
+    A method that needs the topology detects it when ``topology`` is None.
+    """
+    method = get_method(cfg.sync)
+    return method.build(configure(cfg), module, optimizer, topology)

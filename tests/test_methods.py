@@ -1,0 +1,104 @@
+"""The method registry: names, aliases, help, errors, and what each builder builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dssync.errors import UsageError
+from dssync.launch import spawn
+from dssync.methods import (
+    METHODS,
+    build_strategy,
+    choices,
+    get_method,
+    help_text,
+    method_names,
+    parse_methods,
+)
+from dssync.schedules import Shuffle, Static
+from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD
+from dssync.topology import Topology
+from dssync.train.config import TrainConfig
+
+
+def test_every_name_resolves_and_aliases_keep_old_names():
+    assert get_method("ddp") is METHODS["bsp"]
+    for name in choices():
+        assert get_method(name).description
+    assert len(set(choices())) == len(choices())
+
+
+def test_unknown_name_is_a_usage_error_listing_the_known_ones():
+    with pytest.raises(
+        UsageError, match="unknown method 'telepathy'; choose from dssync, bsp"
+    ) as info:
+        get_method("telepathy")
+    assert all(n in str(info.value) for n in choices())
+    with pytest.raises(UsageError, match="carrier-pigeon"):
+        parse_methods("dssync,carrier-pigeon")
+    with pytest.raises(UsageError, match="no method given"):
+        parse_methods(" , ")
+
+
+def test_all_leaves_out_variants_and_lists_keep_their_order():
+    assert parse_methods("all") == method_names(variants=False)
+    assert "dssync-static" in method_names() and "dssync-static" not in parse_methods("all")
+    assert parse_methods(" ddp, dssync ") == ["ddp", "dssync"]
+
+
+def test_help_names_each_method_with_its_description():
+    text = help_text()
+    for name, m in METHODS.items():
+        assert f"{name}: {m.description}" in text
+
+
+def _builds() -> dict[str, tuple[str, str]]:
+    torch.manual_seed(0)
+    topo = Topology(hosts=(0, 1), racks=(0, 0))
+    out = {}
+    for name in choices():
+        module = nn.Linear(3, 2)
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        cfg = TrainConfig(sync=name, period=4, timeout_s=30)
+        s = build_strategy(cfg, module, opt, topology=topo)
+        schedule = getattr(s, "schedule", None)
+        extra = type(schedule).__name__ if schedule is not None else ""
+        if isinstance(s, Hierarchical | AdaptiveDSSync):
+            extra += f" topology given: {s.topology.hosts == topo.hosts}"
+        if isinstance(s, AdaptiveDSSync):
+            extra += f" replan every {s.period}"
+        if isinstance(s, DSSync) and isinstance(schedule, Shuffle):
+            extra += f" repeat {schedule.cycle(2)}"
+        out[name] = (type(s).__name__, extra)
+    return out
+
+
+def test_builders_build_the_named_strategy_with_the_config():
+    built = spawn(_builds, 2, timeout_s=120)[0]
+    assert built["bsp"] == built["ddp"] == (BSP.__name__, "")
+    assert built["local-sgd"][0] == LocalSGD.__name__
+    assert built["dssync"] == (DSSync.__name__, "Shuffle repeat 4")
+    assert built["dssync-static"] == (DSSync.__name__, Static.__name__)
+    assert built["hierarchical"] == (Hierarchical.__name__, " topology given: True")
+    assert built["dssync-topo"][0] == AdaptiveDSSync.__name__
+    assert built["dssync-topo"][1].endswith("topology given: True replan every 4")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "--methods", "bsp,telepathy"],
+        ["bench", "--method", "telepathy", "--scenario", "tiny"],
+        ["bench-straggler", "--methods", "telepathy"],
+    ],
+)
+def test_every_command_reports_an_unknown_method_the_same_way(args, capsys):
+    from dssync.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: unknown method 'telepathy'; choose from {', '.join(choices())}"]
