@@ -68,7 +68,7 @@ def _builds() -> dict[str, tuple[str, str]]:
         if isinstance(s, Hierarchical | AdaptiveDSSync):
             extra += f" topology given: {s.topology.hosts == topo.hosts}"
         if isinstance(s, AdaptiveDSSync):
-            extra += f" replan every {s.period}"
+            extra += f" replan every {s.replan_every}"
         if isinstance(s, DSSync) and isinstance(schedule, Shuffle):
             extra += f" repeat {schedule.cycle(2)}"
         out[name] = (type(s).__name__, extra)
