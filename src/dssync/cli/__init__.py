@@ -26,6 +26,7 @@ def _register_optional() -> None:
     from dssync.cli.bench_sync_cmd import bench_sync
     from dssync.cli.cluster_cmd import cluster
     from dssync.cli.compare_cmd import compare_cmd
+    from dssync.cli.plan_cmd import plan
     from dssync.cli.straggler_cmd import bench_straggler
 
     cli.add_command(bench)
@@ -33,6 +34,7 @@ def _register_optional() -> None:
     cli.add_command(cluster)
     cli.add_command(compare_cmd, "compare")
     cli.add_command(bench_straggler)
+    cli.add_command(plan)
 
 
 _register_optional()
