@@ -12,9 +12,11 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.errors import PeerLost
-from dssync.launch import spawn
+from dssync.launch import WorkerError, spawn
+from dssync.methods import build_strategy
 from dssync.schedules import ring_matrix
-from dssync.strategies import DPSGD, FP16, PowerSGD
+from dssync.strategies import DPSGD, FP16, DSSync, PowerSGD
+from dssync.train.config import TrainConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from cli_run import DIGITS, load, run  # noqa: E402  (the CLI in a subprocess that cannot outlive us)
@@ -172,6 +174,40 @@ def test_dpsgd_names_the_neighbours_when_one_never_answers():
     for rank in (0, 1):
         assert f"rank {rank} got no parameters from its ring neighbours" in results[rank]
         assert "rerun with --resume, or raise --timeout" in results[rank]
+
+
+def _exp_gossip() -> list[torch.Tensor]:
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy(TrainConfig(sync="exp-gossip", timeout_s=30), model, opt)
+    assert isinstance(strategy, DSSync)
+    with torch.no_grad():  # rank-specific parameters
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(dist.get_rank())))
+    seen = [torch.stack(_gather(_flat(model)))]
+    for _ in range(2):  # log2(4) rounds
+        strategy.after_step()
+        seen.append(torch.stack(_gather(_flat(model))))
+    return seen
+
+
+def test_exp_gossip_through_the_registry_averages_four_ranks_exactly_in_two_steps():
+    start, pairs, done = spawn(_exp_gossip, 4, timeout_s=180)[0]
+    mean = start.mean(dim=0)
+    assert (start - mean).abs().max() > 0.5
+    for a, b in ([0, 1], [2, 3]):  # step 0: partners differ in the lowest bit
+        torch.testing.assert_close(pairs[a], (start[a] + start[b]) / 2)
+        torch.testing.assert_close(pairs[b], pairs[a])
+    assert (pairs - mean).abs().max() > 0.1
+    torch.testing.assert_close(done, mean.expand_as(done), rtol=0, atol=1e-6)
+
+
+def test_exp_gossip_on_three_ranks_is_a_usage_error_naming_the_sizes_that_work():
+    with pytest.raises(WorkerError) as info:
+        spawn(_exp_gossip, 3, timeout_s=120)
+    assert info.value.exc_type == "UsageError"
+    assert "power-of-2 number of workers (1, 2, 4, 8, 16, ...), got 3" in info.value.message
+    assert "use 2 or 4 workers" in info.value.message
 
 
 @pytest.mark.timeout(400)
