@@ -127,7 +127,7 @@ def _dssync_topo(
 def _powersgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    return PowerSGD(module, bucket_cap_mb=cfg.bucket_mb, rank=2, start_iter=10, seed=cfg.seed)
+    return PowerSGD(module, bucket_cap_mb=cfg.bucket_mb, seed=cfg.seed)  # rank 2, 10 plain steps
 
 
 def _fp16(
