@@ -26,8 +26,18 @@ import torch
 from torch import nn
 
 from dssync.errors import UsageError
-from dssync.schedules import schedule_from_name
-from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
+from dssync.schedules import ExpGossip, schedule_from_name
+from dssync.strategies import (
+    BSP,
+    DPSGD,
+    FP16,
+    AdaptiveDSSync,
+    DSSync,
+    Hierarchical,
+    LocalSGD,
+    PowerSGD,
+    Strategy,
+)
 from dssync.topology import Topology
 
 if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
@@ -114,6 +124,36 @@ def _dssync_topo(
     )
 
 
+def _powersgd(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return PowerSGD(module, bucket_cap_mb=cfg.bucket_mb, seed=cfg.seed)  # rank 2, 10 plain steps
+
+
+def _fp16(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return FP16(module, bucket_cap_mb=cfg.bucket_mb)
+
+
+def _exp_gossip(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return DSSync(
+        module,
+        schedule=ExpGossip(),
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def _dpsgd(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return DPSGD(module, bucket_bytes=_bucket_bytes(cfg), timeout_s=cfg.timeout_s)
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 
@@ -139,6 +179,14 @@ _TABLE = [
         "DS-Sync on fixed groups that never shuffle (ablation)",
         _dssync,
         settings={"schedule": "static"},
+    ),
+    Method("powersgd", "DDP with PyTorch's PowerSGD hook (rank 2, error feedback)", _powersgd),
+    Method("fp16", "DDP with PyTorch's fp16 hook: gradients all-reduced in half precision", _fp16),
+    Method("dpsgd", "D-PSGD: average with both ring neighbours every step", _dpsgd),
+    Method(
+        "exp-gossip",
+        "one peer per step on the exponential graph (power-of-2 workers)",
+        _exp_gossip,
     ),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _TABLE}

@@ -5,8 +5,19 @@ from dssync.schedules.basic import Butterfly, Global, Shuffle, Static
 from dssync.schedules.mixing import consensus_error, mixing_matrix, product_matrix, spectral_gap
 
 __all__ = [
-    "Butterfly", "Global", "Partition", "Schedule", "Shuffle", "Static", "check_partition",
-    "consensus_error", "group_of", "mixing_matrix", "product_matrix", "spectral_gap", "split_even",
+    "Butterfly",
+    "Global",
+    "Partition",
+    "Schedule",
+    "Shuffle",
+    "Static",
+    "check_partition",
+    "consensus_error",
+    "group_of",
+    "mixing_matrix",
+    "product_matrix",
+    "spectral_gap",
+    "split_even",
 ]
 
 from dssync.schedules.names import SCHEDULE_NAMES, schedule_from_name  # noqa: E402
@@ -15,3 +26,6 @@ __all__ += ["SCHEDULE_NAMES", "schedule_from_name"]
 from dssync.schedules.topology import TopologyAware, plan_topology_aware  # noqa: E402
 
 __all__ += ["TopologyAware", "plan_topology_aware"]
+from dssync.schedules.gossip import ExpGossip, ring_matrix, ring_peers  # noqa: E402
+
+__all__ += ["ExpGossip", "ring_matrix", "ring_peers"]

@@ -3,8 +3,20 @@
 from dssync.strategies.adaptive import AdaptiveDSSync
 from dssync.strategies.base import Strategy
 from dssync.strategies.bsp import BSP
+from dssync.strategies.compressed import FP16, PowerSGD
 from dssync.strategies.dssync import DSSync
+from dssync.strategies.gossip import DPSGD
 from dssync.strategies.hierarchical import Hierarchical
 from dssync.strategies.local_sgd import LocalSGD
 
-__all__ = ["AdaptiveDSSync", "BSP", "DSSync", "Hierarchical", "LocalSGD", "Strategy"]
+__all__ = [
+    "AdaptiveDSSync",
+    "BSP",
+    "DPSGD",
+    "DSSync",
+    "FP16",
+    "Hierarchical",
+    "LocalSGD",
+    "PowerSGD",
+    "Strategy",
+]

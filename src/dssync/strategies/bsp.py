@@ -60,18 +60,28 @@ class BSP(Strategy):
         return self.ddp
 
     def _timed_allreduce(self, _state, bucket):  # no return annotation: DDP checks it literally
-        pg = self.process_group or dist.group.WORLD
-        tensor = bucket.buffer().div_(dist.get_world_size(pg))
-        start = _mark(tensor.device)
-        fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
+        device = bucket.buffer().device
+        start = _mark(device)
+        fut = self._communicate(bucket)
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             # on a GPU this runs with streams that wait for the all-reduce, so the end event
             # completes after it; list.append is atomic, as callbacks may run on another thread
-            self._spans.append((start, _mark(tensor.device)))
-            return f.value()[0]
+            self._spans.append((start, _mark(device)))
+            return f.value()
 
         return fut.then(done)
+
+    def _communicate(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Start averaging one bucket's gradients; a future of the averaged bucket.
+
+        A subclass swaps in another DDP communication hook here (compression: see
+        ``strategies/compressed.py``) and keeps this class's timing.
+        """
+        pg = self.process_group or dist.group.WORLD
+        tensor = bucket.buffer().div_(dist.get_world_size(pg))
+        fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
 
     def take_sync_time(self) -> float:
         """Seconds during which at least one all-reduce was in flight, since the last call."""
