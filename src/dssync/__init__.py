@@ -7,10 +7,21 @@ Adopt it in place of DistributedDataParallel::
     optimizer.step()
     sync.step()          # average parameters inside this step's group
 
+Ranks with uneven data keep serving their groups until all are done, as with DDP::
+
+    with torch.distributed.algorithms.join.Join([sync]):
+        for batch in loader: ...
+
+Or where PyTorch's model averagers stand (e.g. in ``PostLocalSGDOptimizer``)::
+
+    averager = dssync.GroupAverager(dssync.Shuffle(2))
+    averager.average_parameters(model.parameters())
+
 See :class:`dssync.DSSync` for a runnable example.
 """
 
 from dssync.comm import consensus_distance
+from dssync.comm.averager import GroupAverager
 from dssync.schedules import (
     Butterfly,
     Global,
@@ -26,7 +37,20 @@ from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSG
 __version__ = "0.1.0"
 
 __all__ = [
-    "BSP", "AdaptiveDSSync", "Butterfly", "DSSync", "Global", "Hierarchical", "LocalSGD", "Schedule", "Shuffle",
-    "Static", "Strategy", "TopologyAware",
-    "consensus_distance", "mixing_matrix", "spectral_gap",
+    "BSP",
+    "AdaptiveDSSync",
+    "Butterfly",
+    "DSSync",
+    "Global",
+    "GroupAverager",
+    "Hierarchical",
+    "LocalSGD",
+    "Schedule",
+    "Shuffle",
+    "Static",
+    "Strategy",
+    "TopologyAware",
+    "consensus_distance",
+    "mixing_matrix",
+    "spectral_gap",
 ]

@@ -15,7 +15,13 @@ from dssync.launch import spawn
 
 
 def test_plan_buckets_respects_cap_and_kinds():
-    ts = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(5, dtype=torch.float64), torch.zeros(1)]
+    ts = [
+        torch.zeros(10),
+        torch.zeros(10),
+        torch.zeros(30),
+        torch.zeros(5, dtype=torch.float64),
+        torch.zeros(1),
+    ]
     plan = plan_buckets(ts, bucket_bytes=80)
     assert [len(b) for b in plan] == [2, 1, 1, 1]  # 40+40 bytes; 120 alone; 4 bytes; float64 apart
     assert all(len({t.dtype for t in b}) == 1 for b in plan)
@@ -41,38 +47,32 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _churn(steps: int, max_groups: int):
-    """A never-repeating shuffle over 4 ranks has only 6 distinct pairs; force eviction with a tiny cache."""
+def _no_groups_after_construction(steps: int, schedule):
     torch.manual_seed(0)
-    m = nn.Linear(8, 8)
-    sync = DSSync(m, schedule=Shuffle(2, seed=1), max_groups=max_groups)
-    sizes, fds = [], []
-    for s in range(steps):
-        sync.step()
-        sizes.append(len(sync.groups))
-        if s in (steps // 2, steps - 1):
-            fds.append(_open_fds())
-    return max(sizes), sync.groups.created, sync.groups.destroyed, fds
-
-
-def test_group_cache_is_bounded_and_leaks_no_descriptors():
-    out = spawn(_churn, 4, args=(60, 2), timeout_s=240)
-    for max_size, created, destroyed, fds in out:
-        assert max_size <= 2
-        assert created > 6 and destroyed >= created - 2  # groups were recreated after eviction
-        assert fds[1] <= fds[0] + 2, f"file descriptors grew from {fds[0]} to {fds[1]}"
-
-
-def _reuse(steps: int):
-    sync = DSSync(nn.Linear(4, 4), schedule=Shuffle(2, seed=2))
+    sync = DSSync(nn.Linear(8, 8), schedule=schedule)
+    at_start, fds = sync.groups_created, _open_fds()
     for _ in range(steps):
         sync.step()
-    return sync.groups.created, len(sync.groups)
+    return at_start, sync.groups_created, fds, _open_fds()
 
 
-def test_groups_are_created_once_and_reused():
-    for created, cached in spawn(_reuse, 4, args=(40,), timeout_s=120):
-        assert created == cached <= 6  # 4 ranks have 6 distinct pairs, however many steps
+@pytest.mark.parametrize(
+    ("world", "schedule", "made"),
+    [
+        (4, Shuffle(2, seed=1), 0),  # pairs: point-to-point on the parent group
+        (6, Shuffle(3, seed=1), 0),  # never repeats, groups of 3: point-to-point too
+        (6, Shuffle(3, seed=1, period=3), None),  # repeats: its groups made once, at construction
+    ],
+)
+def test_no_group_is_created_after_construction(world, schedule, made):
+    """Pairs used to create a process group whenever a pair was new, inside the timed step."""
+    for at_start, after, fds_start, fds_end in spawn(
+        _no_groups_after_construction, world, args=(30, schedule), timeout_s=240
+    ):
+        assert after == at_start, "a process group was created after construction"
+        if made is not None:
+            assert at_start == made
+        assert fds_end <= fds_start + 2
 
 
 def _cache_get_unprepared():
@@ -96,10 +96,15 @@ def _inside_subgroup():
     m = nn.Linear(2, 2, bias=False)
     with torch.no_grad():
         m.weight.fill_(float(rank))
-    sync = DSSync(m, schedule=Shuffle(2 if rank < 3 else 1, seed=0), process_group=mine, broadcast_init=False)
+    sync = DSSync(
+        m,
+        schedule=Shuffle(2 if rank < 3 else 1, seed=0, uneven=True),
+        process_group=mine,
+        broadcast_init=False,
+    )
     partition = sync.schedule.partition(0, dist.get_world_size(mine))
     sync.step()
-    return partition, float(m.weight[0, 0]), len(sync.groups)
+    return partition, float(m.weight[0, 0]), sync.groups_created
 
 
 def test_dssync_inside_a_subgroup_averages_only_there():
@@ -107,6 +112,6 @@ def test_dssync_inside_a_subgroup_averages_only_there():
     partition = out[0][0]
     for group in partition:  # group ranks 0..2 are global ranks 0..2 here
         assert all(out[r][1] == sum(group) / len(group) for r in group)
-        for r in group:  # each rank created only the groups it belongs to
-            assert out[r][2] == (1 if len(group) > 1 else 0)
+        for r in group:  # pairs exchange point to point: no group is created
+            assert out[r][2] == 0
     assert out[3][1] == 3.0

@@ -11,6 +11,7 @@ import pytest
 
 import dssync.schedules.base
 import dssync.schedules.basic
+from dssync.errors import UsageError
 from dssync.schedules import (
     Butterfly,
     Global,
@@ -24,7 +25,15 @@ from dssync.schedules import (
     spectral_gap,
 )
 
-ALL = [Shuffle(2), Shuffle(3, seed=5), Shuffle(2, period=4), Butterfly(2), Butterfly(3), Static(2), Global()]
+ALL = [
+    Shuffle(2, uneven=True),
+    Shuffle(3, seed=5, uneven=True),
+    Shuffle(2, period=4, uneven=True),
+    Butterfly(2),
+    Butterfly(3),
+    Static(2, uneven=True),
+    Global(),
+]
 
 
 @pytest.mark.parametrize("schedule", ALL, ids=repr)
@@ -46,18 +55,35 @@ def test_every_partition_covers_each_rank_once(schedule, world):
 
 
 def test_uneven_world_gives_groups_differing_by_one():
-    assert [len(g) for g in Shuffle(2).partition(0, 3)] in ([2, 1], [1, 2])
-    assert sorted(len(g) for g in Shuffle(4).partition(7, 10)) == [3, 3, 4]
+    assert [len(g) for g in Shuffle(2, uneven=True).partition(0, 3)] in ([2, 1], [1, 2])
+    assert sorted(len(g) for g in Shuffle(4, uneven=True).partition(7, 10)) == [3, 3, 4]
+
+
+@pytest.mark.parametrize("schedule", [Shuffle(3), Static(3), Shuffle(3, period=4)], ids=repr)
+def test_group_size_that_does_not_divide_is_refused(schedule):
+    """Shuffle(3) on 4 ranks used to become pairs silently."""
+    with pytest.raises(
+        UsageError,
+        match=r"group_size=3 does not divide world_size=4; use 1, 2 or 4, "
+        r"or pass uneven=True",
+    ):
+        schedule.partition(0, 4)
+    assert [len(g) for g in schedule.partition(0, 6)] == [3, 3]
 
 
 def test_partitions_depend_only_on_seed_and_step_across_processes():
     code = "from dssync.schedules import Shuffle; print([Shuffle(2, seed=11).partition(s, 8) for s in range(5)])"
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           timeout=60).stdout for _ in range(2)}
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+        for _ in range(2)
+    }
     assert len(runs) == 1
     assert runs.pop().strip() == repr([Shuffle(2, seed=11).partition(s, 8) for s in range(5)])
-    assert Shuffle(2, seed=1).partition(0, 8) != Shuffle(2, seed=2).partition(0, 8) or \
-        Shuffle(2, seed=1).partition(1, 8) != Shuffle(2, seed=2).partition(1, 8)
+    assert Shuffle(2, seed=1).partition(0, 8) != Shuffle(2, seed=2).partition(0, 8) or Shuffle(
+        2, seed=1
+    ).partition(1, 8) != Shuffle(2, seed=2).partition(1, 8)
 
 
 def test_shuffle_period_repeats():
@@ -66,11 +92,13 @@ def test_shuffle_period_repeats():
     assert s.cycle(8) == 3 and Shuffle(2).cycle(8) is None
 
 
-@pytest.mark.parametrize(("k", "world"), [(2, 4), (2, 8), (2, 16), (3, 9), (4, 16), (2, 6), (3, 12)])
+@pytest.mark.parametrize(
+    ("k", "world"), [(2, 4), (2, 8), (2, 16), (3, 9), (4, 16), (2, 6), (3, 12)]
+)
 def test_butterfly_exact_average_after_its_rounds(k, world):
     b = Butterfly(k)
     rounds = b.cycle(world)
-    if world == k ** rounds:
+    if world == k**rounds:
         assert rounds == round(np.log(world) / np.log(k))
     prod = product_matrix(b, world, start=0, steps=rounds)
     np.testing.assert_allclose(prod, np.full((world, world), 1 / world), atol=1e-12)
@@ -101,7 +129,9 @@ def test_spectral_gaps():
 def test_bad_group_size_is_named():
     with pytest.raises(ValueError, match="group_size=0 must be an integer >= 1"):
         Shuffle(0)
-    with pytest.raises(ValueError, match="group_size=5 is larger than world_size=4; use a group size from 1 to 4"):
+    with pytest.raises(
+        ValueError, match="group_size=5 is larger than world_size=4; use a group size from 1 to 4"
+    ):
         Shuffle(5).partition(0, 4)
     with pytest.raises(ValueError, match="does not cover ranks"):
         Static([[0, 1], [1, 2]]).partition(0, 3)

@@ -15,19 +15,22 @@ from dssync.launch import WorkerError, spawn
 
 def _mismatched_model():
     width = 5 if dist.get_rank() == 2 else 4
-    DSSync(nn.Linear(width, 2))
+    DSSync(nn.Linear(width, 2), schedule=Shuffle(2, uneven=True))
 
 
 def test_model_shape_mismatch_names_the_rank():
     with pytest.raises(WorkerError) as info:
         spawn(_mismatched_model, 3, timeout_s=120)
     assert info.value.exc_type == "UsageError"
-    assert "ranks [2] differ" in info.value.message and "same model on every rank" in info.value.message
+    assert (
+        "ranks [2] differ" in info.value.message
+        and "same model on every rank" in info.value.message
+    )
 
 
 def _mismatched_schedule():
     seed = 1 if dist.get_rank() == 1 else 0
-    DSSync(nn.Linear(4, 2), schedule=Shuffle(2, seed=seed))
+    DSSync(nn.Linear(4, 2), schedule=Shuffle(2, seed=seed, uneven=True))
 
 
 def test_schedule_mismatch_names_the_rank_and_fix():

@@ -43,7 +43,12 @@ def _one_step(schedule, steps: int, bucket_bytes: int):
 
 @pytest.mark.parametrize(
     ("world", "schedule", "bucket_bytes"),
-    [(4, Shuffle(2, seed=3), 25 * 2**20), (3, Shuffle(2, seed=1), 64), (4, Static([[0, 1, 2], [3]]), 128)],
+    [
+        (4, Shuffle(2, seed=3), 25 * 2**20),
+        (3, Shuffle(2, seed=1, uneven=True), 64),
+        (4, Static([[0, 1, 2], [3]]), 128),
+        (5, Shuffle(3, seed=4, uneven=True), 64),
+    ],  # a point-to-point group of 3,
 )
 def test_step_equals_group_mean(world, schedule, bucket_bytes):
     steps = 3

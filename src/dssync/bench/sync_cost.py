@@ -53,7 +53,9 @@ def _timed(fn) -> float:
     return _slowest(time.perf_counter() - t0)
 
 
-def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0) -> dict[str, Any]:
+def measure(
+    numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0
+) -> dict[str, Any]:
     """Run on every rank of an initialized process group; returns medians in seconds."""
     world, rank = dist.get_world_size(), dist.get_rank()
     schedule = Shuffle(group_size, seed=seed, period=8)
@@ -91,8 +93,13 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
         sync.steps = s
         sync.step()
 
-    times: dict[str, list[float]] = {"raw": [], "raw_avg": [], "dssync": [], "ddp_backward": [],
-                                     "local_backward": []}
+    times: dict[str, list[float]] = {
+        "raw": [],
+        "raw_avg": [],
+        "dssync": [],
+        "ddp_backward": [],
+        "local_backward": [],
+    }
     for s in range(-2, steps):  # two warm-up steps
         row = {}
         trio = [("raw", raw_step), ("raw_avg", raw_average), ("dssync", dssync_step)]
@@ -106,12 +113,101 @@ def measure(numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: f
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    vs_avg = statistics.median(d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True))
+    vs_avg = statistics.median(
+        d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True)
+    )
     return {
-        "world_size": world, "numel": numel, "group_size": group_size, "steps": steps, "bucket_mb": bucket_mb,
-        "raw_s": med["raw"], "raw_avg_s": med["raw_avg"], "dssync_s": med["dssync"],
+        "world_size": world,
+        "numel": numel,
+        "group_size": group_size,
+        "steps": steps,
+        "bucket_mb": bucket_mb,
+        "raw_s": med["raw"],
+        "raw_avg_s": med["raw_avg"],
+        "dssync_s": med["dssync"],
         "ddp_s": max(med["ddp_backward"] - med["local_backward"], 0.0),
-        "ddp_backward_s": med["ddp_backward"], "local_backward_s": med["local_backward"],
-        "overhead": statistics.median(ratios), "overhead_q1": quartiles[0], "overhead_q3": quartiles[2],
-        "overhead_of_medians": med["dssync"] / med["raw"], "overhead_vs_raw_avg": vs_avg,
+        "ddp_backward_s": med["ddp_backward"],
+        "local_backward_s": med["local_backward"],
+        "overhead": statistics.median(ratios),
+        "overhead_q1": quartiles[0],
+        "overhead_q3": quartiles[2],
+        "overhead_of_medians": med["dssync"] / med["raw"],
+        "overhead_vs_raw_avg": vs_avg,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def measure_scale(numel: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """Many ranks, ``Shuffle(2)`` that never repeats: today's averaging core against the old path.
+
+    new: ``DSSync.step()`` (pairs by point-to-point exchange on the world group, tagged);
+    old: the previous path, a :class:`~dssync.comm.GroupCache` that makes a process group for each
+         new pair (every rank enters ``new_group``), then all_reduce and divide;
+    tag: the tag alone (an exchange with no data), i.e. what step checking adds to an average.
+    Each op is timed on every rank after a barrier; a step's time is the slowest rank's. Returns
+    start-up seconds, p50/p99 per-step seconds and the process groups created after step 1.
+    """
+    from dssync.comm import FlatBuckets, GroupCache
+    from dssync.comm.tags import STEP
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    schedule = Shuffle(2, seed=seed)
+    torch.manual_seed(0)
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    sync = DSSync(FlatModel(numel), schedule=schedule, broadcast_init=False)
+    new_start = _slowest(time.perf_counter() - t0)
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    cache = GroupCache(max_groups=128)
+    old_buckets = FlatBuckets(list(FlatModel(numel).parameters()))
+    old_start = _slowest(time.perf_counter() - t0)
+
+    local = torch.zeros(3, steps, dtype=torch.float64)
+    made: dict[str, int] = {}
+    for s in range(steps):
+        group = group_of(schedule.partition(s, world), rank)
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync.steps = s
+        sync.step()
+        local[0, s] = time.perf_counter() - t0
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        cache.prepare(schedule.partition(s, world))
+        pg = cache.get(group)
+        for b in old_buckets.buffers:
+            dist.all_reduce(b, group=pg)
+            b.div_(len(group))
+        local[1, s] = time.perf_counter() - t0
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync.router.average(group, STEP, s)  # no buffers: the tag alone
+        local[2, s] = time.perf_counter() - t0
+        if s == 0:
+            made = {"new": sync.groups_created, "old": cache.created}
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    new, old, tag = (local[i].tolist() for i in range(3))
+    return {
+        "world_size": world,
+        "numel": numel,
+        "steps": steps,
+        "new_start_s": new_start,
+        "old_start_s": old_start,
+        "new_groups_after_step1": sync.groups_created - made["new"],
+        "old_groups_after_step1": cache.created - made["old"],
+        "new_p50_s": _quantile(new, 0.5),
+        "new_p99_s": _quantile(new, 0.99),
+        "old_p50_s": _quantile(old, 0.5),
+        "old_p99_s": _quantile(old, 0.99),
+        "tag_p50_s": _quantile(tag, 0.5),
+        "tag_p99_s": _quantile(tag, 0.99),
     }

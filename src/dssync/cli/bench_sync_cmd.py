@@ -5,39 +5,138 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from dssync.bench.sync_cost import measure
+from dssync.bench.sync_cost import measure, measure_scale
 from dssync.cli.output import console, fmt_ms, write_json
 from dssync.launch import spawn
 
 
 @click.command("bench-sync")
-@click.option("--params", "numel", type=click.IntRange(1000), default=10_000_000, show_default=True,
-              help="Parameters of the flat model.")
-@click.option("--workers", "worker_counts", type=click.IntRange(2, 64), multiple=True, default=(4, 8),
-              show_default=True, help="World sizes to measure (repeat the option).")
+@click.option(
+    "--params",
+    "numel",
+    type=click.IntRange(1000),
+    default=10_000_000,
+    show_default=True,
+    help="Parameters of the flat model.",
+)
+@click.option(
+    "--workers",
+    "worker_counts",
+    type=click.IntRange(2, 64),
+    multiple=True,
+    default=(4, 8),
+    show_default=True,
+    help="World sizes to measure (repeat the option).",
+)
 @click.option("--group-size", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--steps", type=click.IntRange(1), default=40, show_default=True, help="Timed steps per method.")
-@click.option("--bucket-mb", type=click.FloatRange(min=0.001), default=25.0, show_default=True,
-              help="DS-Sync bucket size.")
+@click.option(
+    "--steps", type=click.IntRange(1), default=40, show_default=True, help="Timed steps per method."
+)
+@click.option(
+    "--bucket-mb",
+    type=click.FloatRange(min=0.001),
+    default=25.0,
+    show_default=True,
+    help="DS-Sync bucket size.",
+)
+@click.option(
+    "--scale",
+    is_flag=True,
+    default=False,
+    help="Many ranks, Shuffle(2) that never repeats: the averaging core against the old "
+    "group-per-pair path (groups created after step 1, start-up, p50/p99 per step).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, json_path) -> None:
+def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_path) -> None:
     """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
+    if scale:
+        _scale(numel, worker_counts, steps, json_path)
+        return
     rows = []
     for world in worker_counts:
         if group_size > world:
             raise click.BadParameter(f"--group-size {group_size} exceeds --workers {world}")
         console.print(f"measuring {world} workers, {numel:,} parameters ...")
-        rows.append(spawn(measure, world, args=(numel, group_size, steps, 0, bucket_mb), timeout_s=1800)[0])
-    table = Table(title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)")
-    for col in ["workers", "raw all_reduce (group)", "raw all_reduce + divide", "DS-Sync step (group)",
-                "overhead", "overhead IQR", "vs all_reduce + divide", "DDP grad all-reduce", "DDP / DS-Sync"]:
+        rows.append(
+            spawn(measure, world, args=(numel, group_size, steps, 0, bucket_mb), timeout_s=1800)[0]
+        )
+    table = Table(
+        title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)"
+    )
+    for col in [
+        "workers",
+        "raw all_reduce (group)",
+        "raw all_reduce + divide",
+        "DS-Sync step (group)",
+        "overhead",
+        "overhead IQR",
+        "vs all_reduce + divide",
+        "DDP grad all-reduce",
+        "DDP / DS-Sync",
+    ]:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["world_size"]), fmt_ms(r["raw_s"]), fmt_ms(r["raw_avg_s"]), fmt_ms(r["dssync_s"]),
-                      f"{r['overhead']:.3f}x", f"{r['overhead_q1']:.2f}-{r['overhead_q3']:.2f}x",
-                      f"{r['overhead_vs_raw_avg']:.3f}x", fmt_ms(r["ddp_s"]), f"{r['ddp_s'] / r['dssync_s']:.2f}x")
+        table.add_row(
+            str(r["world_size"]),
+            fmt_ms(r["raw_s"]),
+            fmt_ms(r["raw_avg_s"]),
+            fmt_ms(r["dssync_s"]),
+            f"{r['overhead']:.3f}x",
+            f"{r['overhead_q1']:.2f}-{r['overhead_q3']:.2f}x",
+            f"{r['overhead_vs_raw_avg']:.3f}x",
+            fmt_ms(r["ddp_s"]),
+            f"{r['ddp_s'] / r['dssync_s']:.2f}x",
+        )
     console.print(table)
-    console.print("overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back; "
-                  "'vs all_reduce + divide' is the same against an all_reduce followed by the division")
+    console.print(
+        "overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back; "
+        "'vs all_reduce + divide' is the same against an all_reduce followed by the division"
+    )
+    if json_path:
+        write_json(json_path, rows)
+
+
+def _scale(numel: int, worker_counts: tuple[int, ...], steps: int, json_path: str | None) -> None:
+    rows = []
+    for world in worker_counts:
+        console.print(
+            f"measuring {world} workers, {numel:,} parameters, Shuffle(2), {steps} steps ..."
+        )
+        rows.append(
+            spawn(
+                measure_scale, world, args=(numel, steps), timeout_s=3600, collective_timeout_s=600
+            )[0]
+        )
+    table = Table(
+        title=f"Shuffle(2) at scale, {numel:,} parameters, {steps} steps (slowest rank per step)"
+    )
+    for col in [
+        "workers",
+        "path",
+        "groups made after step 1",
+        "start-up",
+        "p50 per step",
+        "p99 per step",
+    ]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        for path, label in (("new", "exchange (now)"), ("old", "group per pair + all_reduce")):
+            table.add_row(
+                str(r["world_size"]),
+                label,
+                str(r[f"{path}_groups_after_step1"]),
+                f"{r[f'{path}_start_s']:.2f} s",
+                fmt_ms(r[f"{path}_p50_s"]),
+                fmt_ms(r[f"{path}_p99_s"]),
+            )
+        table.add_row(
+            str(r["world_size"]),
+            "step tag alone",
+            "-",
+            "-",
+            fmt_ms(r["tag_p50_s"]),
+            fmt_ms(r["tag_p99_s"]),
+        )
+    console.print(table)
     if json_path:
         write_json(json_path, rows)

@@ -1,10 +1,28 @@
-"""What moves bytes: process-group cache, flat buckets, consensus measurement."""
+"""What moves bytes: the averaging core, flat buckets, point-to-point exchange, tags, agreement."""
 
-from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, FlatBuckets, average_tensors, plan_buckets
+from dssync.comm.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    FlatBuckets,
+    average_tensors,
+    pack,
+    plan_buckets,
+    unpack,
+)
 from dssync.comm.consensus import consensus_distance, fingerprint_check
 from dssync.comm.groups import GroupCache
 
 __all__ = [
-    "DEFAULT_BUCKET_BYTES", "FlatBuckets", "GroupCache", "average_tensors", "consensus_distance",
-    "fingerprint_check", "plan_buckets",
+    "DEFAULT_BUCKET_BYTES",
+    "FlatBuckets",
+    "GroupAverager",
+    "GroupCache",
+    "Router",
+    "average_tensors",
+    "consensus_distance",
+    "fingerprint_check",
+    "pack",
+    "plan_buckets",
+    "unpack",
 ]
+
+from dssync.comm.averager import GroupAverager, Router  # noqa: E402  (needs dssync.schedules)

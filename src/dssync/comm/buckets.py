@@ -1,7 +1,9 @@
 """Flat buckets: tensors laid out in a few contiguous buffers so one collective moves many tensors.
 
 ``FlatBuckets`` rebinds each tensor's storage to a view of its bucket, so averaging a bucket
-averages the tensors in place with no copy in or out.
+averages the tensors in place with no copy in or out. Tensors that cannot be re-laid (optimizer
+state, a torch averager's parameters) are copied in and out with :func:`pack` and :func:`unpack`;
+both kinds of buffer then go through the same routine in :mod:`dssync.comm.averager`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from dssync.comm.tags import layout_of
+from dssync.errors import UsageError
+
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 
@@ -18,19 +23,21 @@ class FlatBuckets:
     """Tensors of the same device and dtype packed into buffers of at most ``bucket_bytes``.
 
     After construction each tensor's ``.data`` is a view into a bucket; :meth:`intact` tells
-    whether that still holds (something like ``module.to()`` replaces the storage), and
-    :meth:`average` all-reduces each bucket over a group and divides by its size.
+    whether that still holds (something like ``module.to()`` replaces the storage). Averaging
+    ``buckets.buffers`` in place (see :mod:`dssync.comm.averager`) averages the tensors.
 
     Example::
 
         params = [p for p in model.parameters()]
         buckets = FlatBuckets(params)
-        buckets.average(group_pg, group_size=2)
+        buckets.buffers[0].mul_(0.5)    # halves every tensor in the first bucket
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> None:
         if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes={bucket_bytes} must be positive; the default is 25 MB")
+            raise UsageError(f"bucket_bytes={bucket_bytes} must be positive; the default is 25 MB")
         self.tensors = list(tensors)
         self.buffers: list[torch.Tensor] = []
         for members in plan_buckets(self.tensors, bucket_bytes):
@@ -55,18 +62,9 @@ class FlatBuckets:
         """True while every tensor still lives in its bucket."""
         return all(t.data_ptr() == p for t, p in zip(self.tensors, self._ptrs, strict=True))
 
-    def average(self, group: dist.ProcessGroup, group_size: int) -> None:
-        """Average every bucket over ``group`` (all members call this). Async, then divide in order."""
-        works = [dist.all_reduce(b, group=group, async_op=True) for b in self.buffers]
-        for b, w in zip(self.buffers, works, strict=True):
-            w.wait()
-            b.div_(group_size)
-
-    def broadcast(self, src: int, group: dist.ProcessGroup | None = None) -> None:
-        """Overwrite every bucket with rank ``src``'s (a global rank)."""
-        works = [dist.broadcast(b, src=src, group=group, async_op=True) for b in self.buffers]
-        for w in works:
-            w.wait()
+    def layout(self) -> int:
+        """Fingerprint of the buckets' sizes and dtypes (what a peer's buckets must match)."""
+        return layout_of(self.buffers)
 
 
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
@@ -93,14 +91,38 @@ def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[lis
     return plan
 
 
-def average_tensors(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup, group_size: int,
-                    bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-    """Average tensors that are not bucket views (e.g. optimizer state): copy in, reduce, copy out."""
-    for chunk in plan_buckets(tensors, bucket_bytes):
-        flat = torch.cat([t.detach().reshape(-1) for t in chunk])
-        dist.all_reduce(flat, group=group)
-        flat.div_(group_size)
+def pack(
+    tensors: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """Copy ``tensors`` into flat buffers (per device and dtype); pairs of (buffer, its tensors)."""
+    return [
+        (torch.cat([t.detach().reshape(-1) for t in chunk]), chunk)
+        for chunk in plan_buckets(tensors, bucket_bytes)
+    ]
+
+
+def unpack(flats: Sequence[tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+    """Copy each flat buffer back into its tensors (the inverse of :func:`pack`)."""
+    for flat, chunk in flats:
         offset = 0
         for t in chunk:
             t.detach().copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def average_tensors(
+    tensors: Sequence[torch.Tensor],
+    group: dist.ProcessGroup | None,
+    group_size: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    timeout_s: float = 120.0,
+) -> None:
+    """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded)."""
+    from dssync.comm.exchange import collective_average
+    from dssync.comm.tags import ALL, Tag
+
+    flats = pack(tensors, bucket_bytes)
+    buffers = [f for f, _ in flats]
+    members = list(range(group_size))
+    collective_average(buffers, group, members, Tag(ALL, -1, layout_of(buffers)), timeout_s)
+    unpack(flats)

@@ -31,8 +31,12 @@ class GroupCache:
         pg = cache.get([0, 1])       # on ranks 0 and 1
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, max_groups: int = 128,
-                 timeout: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        max_groups: int = 128,
+        timeout: timedelta | None = None,
+    ) -> None:
         if max_groups < 1:
             raise ValueError(f"max_groups={max_groups} must be >= 1")
         self.parent = process_group or dist.group.WORLD
@@ -69,7 +73,9 @@ class GroupCache:
         try:
             return self._groups[key]
         except KeyError:
-            raise RuntimeError(f"group {list(key)} was not prepared; call prepare(partition) first") from None
+            raise RuntimeError(
+                f"group {list(key)} was not prepared; call prepare(partition) first"
+            ) from None
 
     def clear(self) -> None:
         """Destroy every cached group (all ranks call this alike)."""

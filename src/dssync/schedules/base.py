@@ -11,6 +11,8 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from dssync.errors import UsageError
+
 Group = list[int]
 Partition = list[Group]
 
@@ -38,7 +40,9 @@ class Schedule(ABC):
 
     def describe(self) -> str:
         """A short text naming the schedule and its settings (used in logs and fingerprints)."""
-        fields = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()) if not k.startswith("_"))
+        fields = ", ".join(
+            f"{k}={v!r}" for k, v in sorted(vars(self).items()) if not k.startswith("_")
+        )
         return f"{type(self).__name__}({fields})"
 
     def fingerprint(self, world_size: int, steps: int = 8) -> int:
@@ -53,14 +57,25 @@ class Schedule(ABC):
         return self.describe()
 
 
-def check_group_size(group_size: int, world_size: int | None = None) -> None:
-    """Raise a ValueError that names the fix when ``group_size`` cannot work."""
+def check_group_size(group_size: int, world_size: int | None = None, uneven: bool = True) -> None:
+    """Raise a UsageError that names the fix when ``group_size`` cannot work.
+
+    Unless ``uneven``, ``group_size`` must divide ``world_size``: a group size that does not would
+    silently give some groups fewer members (``Shuffle(3)`` on 4 ranks would be pairs).
+    """
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ValueError(f"group_size={group_size!r} must be an integer >= 1; use 2 for pairs")
+        raise UsageError(f"group_size={group_size!r} must be an integer >= 1; use 2 for pairs")
     if world_size is not None and group_size > world_size:
-        raise ValueError(
+        raise UsageError(
             f"group_size={group_size} is larger than world_size={world_size}; "
             f"use a group size from 1 to {world_size}, or Global() for one group of all ranks"
+        )
+    if world_size is not None and not uneven and world_size % group_size:
+        sizes = [k for k in range(1, world_size + 1) if world_size % k == 0]
+        raise UsageError(
+            f"group_size={group_size} does not divide world_size={world_size}; use "
+            f"{', '.join(map(str, sizes[:-1]))} or {sizes[-1]}, or pass uneven=True to accept "
+            "groups that differ in size by one"
         )
 
 

@@ -21,6 +21,8 @@ class Shuffle(Schedule):
 
     With ``period=P`` the schedule cycles through P random partitions, so every group it will
     ever use is known (and created) up front. Partitions depend only on (seed, step).
+    ``group_size`` must divide the world size unless ``uneven=True``, which accepts groups that
+    differ in size by one (3 ranks in pairs: a pair and a rank alone).
 
     Example::
 
@@ -29,16 +31,19 @@ class Shuffle(Schedule):
         True
     """
 
-    def __init__(self, group_size: int = 2, seed: int = 0, period: int | None = None) -> None:
+    def __init__(
+        self, group_size: int = 2, seed: int = 0, period: int | None = None, uneven: bool = False
+    ) -> None:
         check_group_size(group_size)
         if period is not None and (not isinstance(period, int) or period < 1):
             raise ValueError(f"period={period!r} must be a positive integer or None (no repeat)")
         self.group_size = group_size
         self.seed = seed
         self.period = period
+        self._uneven = uneven  # not in describe(): it changes no partition it allows
 
     def partition(self, step: int, world_size: int) -> Partition:
-        check_group_size(self.group_size, world_size)
+        check_group_size(self.group_size, world_size, self._uneven)
         key = step % self.period if self.period else step
         order = np.random.default_rng([self.seed, key]).permutation(world_size)
         return split_even(order.tolist(), self.group_size)
@@ -103,7 +108,8 @@ class Butterfly(Schedule):
 class Static(Schedule):
     """The same groups at every step: no shuffle (an ablation; groups never reach consensus).
 
-    ``groups`` is an explicit list of groups, or an int: consecutive blocks of that size.
+    ``groups`` is an explicit list of groups, or an int: consecutive blocks of that size (which
+    must divide the world size unless ``uneven=True``).
 
     Example::
 
@@ -111,7 +117,8 @@ class Static(Schedule):
         [[0, 1], [2, 3]]
     """
 
-    def __init__(self, groups: Sequence[Sequence[int]] | int = 2) -> None:
+    def __init__(self, groups: Sequence[Sequence[int]] | int = 2, uneven: bool = False) -> None:
+        self._uneven = uneven  # not in describe(): it changes no partition it allows
         if isinstance(groups, int):
             check_group_size(groups)
             self.groups: list[list[int]] | int = groups
@@ -120,7 +127,7 @@ class Static(Schedule):
 
     def partition(self, step: int, world_size: int) -> Partition:
         if isinstance(self.groups, int):
-            check_group_size(self.groups, world_size)
+            check_group_size(self.groups, world_size, self._uneven)
             return split_even(list(range(world_size)), self.groups)
         check_partition(self.groups, world_size)
         return [list(g) for g in self.groups]

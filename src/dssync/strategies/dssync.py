@@ -1,45 +1,52 @@
-"""DS-Sync: average parameters inside small groups that change from step to step."""
+"""DS-Sync: average parameters inside small groups that change from step to step.
+
+``DSSync`` is a thin layer over :class:`dssync.comm.averager.Router` (the averaging core that
+``GroupAverager`` uses too): it keeps the model's tensors in flat buckets, adds floating buffers
+and optimizer state to each average, agrees with the other ranks at start-up on everything that
+shapes the collectives, and counts steps. It is a torch ``Joinable``: under
+``with Join([sync]):`` a rank that runs out of data keeps serving its groups until all are done.
+"""
 
 from __future__ import annotations
 
 import warnings
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from dssync.comm import (
-    DEFAULT_BUCKET_BYTES,
-    FlatBuckets,
-    GroupCache,
-    average_tensors,
-    fingerprint_check,
-)
-from dssync.comm.consensus import module_fingerprint
+from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets, GroupCache
+from dssync.comm.agreement import check_module, check_start
+from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.exchange import broadcast_tensors, collective_average, wait
+from dssync.comm.tags import ALL, STEP, Tag, layout_of
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.strategies.base import Strategy, SyncTimer
 
 
-class DSSync(Strategy):
+class DSSync(Strategy, Joinable):
     """Divide-and-shuffle synchronization of a module's parameters.
 
     Each rank takes its optimizer step on its own gradient; then :meth:`step` averages the
     parameters (and floating buffers such as batch-norm statistics) inside this step's group of
-    ``schedule`` and moves on to the next step's partition. Groups are created once and reused.
+    ``schedule`` and moves on to the next step's partition. No process group is created after
+    construction: pairs exchange point to point, a repeating schedule's larger groups are made once.
 
     Args:
-        module: the model; move it to its device before wrapping (its tensors are re-laid into
-            flat buckets).
+        module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
+            tensors are re-laid into flat buckets).
         schedule: which ranks average together at each step (default: random pairs).
         process_group: the ranks taking part (default: all); schedule ranks are ranks of it.
         average_buffers: also average floating buffers (batch-norm running mean and variance).
-        broadcast_init: start every rank from rank 0's parameters and buffers, as DDP does.
+        broadcast_init: start every rank from rank 0's parameters and buffers (integer and bool
+            buffers included), as DDP does.
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         bucket_bytes: the largest flat buffer one collective moves.
-        max_groups: the most process groups kept alive; older ones are destroyed.
-        timeout_s: timeout of the process groups this creates.
+        average_frozen: also average parameters with ``requires_grad=False`` (default: they are
+            only broadcast from rank 0 at start, so they never drift).
+        timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -58,64 +65,57 @@ class DSSync(Strategy):
 
     name = "dssync"
 
-    def __init__(self, module: nn.Module, schedule: Schedule | None = None,
-                 process_group: dist.ProcessGroup | None = None, average_buffers: bool = True,
-                 broadcast_init: bool = True, optimizer: torch.optim.Optimizer | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, max_groups: int = 128,
-                 timeout_s: float | None = None) -> None:
-        super().__init__(module, process_group)
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialized; call dist.init_process_group() first, "
-                "or start the workers with `dssync train` or torchrun"
-            )
+    def __init__(
+        self,
+        module: nn.Module,
+        schedule: Schedule | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        average_buffers: bool = True,
+        broadcast_init: bool = True,
+        optimizer: torch.optim.Optimizer | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        max_groups: int = 128,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        average_frozen: bool = False,
+    ) -> None:
+        Strategy.__init__(self, module, process_group)
+        Joinable.__init__(self)
+        check_module(module)
         self.schedule = schedule if schedule is not None else Shuffle(2)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.average_buffers = average_buffers
+        self.average_frozen = average_frozen
         self.optimizer = optimizer
         self.bucket_bytes = bucket_bytes
+        self.max_groups = max_groups
+        self.timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
         self.steps = 0
-        self.bytes_sent = 0
-        self._check_agreement()
+        self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
+        check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
-        timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        self.groups = GroupCache(process_group, max_groups=max_groups, timeout=timeout)
+        self.router = Router(process_group, self.schedule, self.timeout_s, bucket_bytes)
         if broadcast_init:
             with torch.no_grad():
-                self._buckets.broadcast(self._global_rank(0), group=process_group)
+                everything = list(module.parameters()) + list(module.buffers())
+                broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
+        self.groups = GroupCache(
+            process_group, max_groups=max_groups
+        )  # only for _legacy subclasses
+        self._legacy = type(self)._average_group is not DSSync._average_group
         self._prepare_cycle()
 
     def _tensors(self) -> list[torch.Tensor]:
-        tensors = [p for p in self.module.parameters()]
+        tensors = [p for p in self.module.parameters() if p.requires_grad or self.average_frozen]
         if self.average_buffers:
             tensors += [b for b in self.module.buffers() if b.is_floating_point()]
         return tensors
 
-    def _global_rank(self, group_rank: int) -> int:
-        if self.process_group is None:
-            return group_rank
-        return dist.get_global_rank(self.process_group, group_rank)
-
-    def _check_agreement(self) -> None:
-        named = list(self.module.named_parameters()) + list(self.module.named_buffers())
-        fingerprint_check(
-            {
-                "model (parameter and buffer names, shapes, dtypes)": module_fingerprint(named),
-                "schedule": self.schedule.fingerprint(self.world_size),
-            },
-            group=self.process_group,
-            fixes={
-                "model (parameter and buffer names, shapes, dtypes)":
-                    "build the same model on every rank before wrapping it",
-                "schedule": "give every rank the same schedule type, group size and seed",
-            },
-        )
-
     def _prepare_cycle(self) -> None:
-        """Create every group of a repeating schedule up front when they fit in the cache."""
+        """Make the groups a repeating schedule needs (collective; construction and re-plans only)."""
+        self.router.prepare(self.schedule)
         cycle = self.schedule.cycle(self.world_size)
-        if cycle is None:
+        if not self._legacy or cycle is None:
             return
         partitions = [self.schedule.partition(s, self.world_size) for s in range(cycle)]
         distinct = {tuple(g) for p in partitions for g in p if 1 < len(g) < self.world_size}
@@ -127,6 +127,11 @@ class DSSync(Strategy):
     def bucket_count(self) -> int:
         return len(self._buckets.buffers)
 
+    @property
+    def groups_created(self) -> int:
+        """Process groups this wrapper has created (none after construction for its own schedules)."""
+        return self.router.created + self.groups.created
+
     def current_group(self) -> list[int]:
         """This rank's group at the current step."""
         return group_of(self.schedule.partition(self.steps, self.world_size), self.rank)
@@ -134,32 +139,49 @@ class DSSync(Strategy):
     @torch.no_grad()
     def step(self) -> None:
         """Average with this step's group, then advance to the next step's partition."""
+        work = Join.notify_join_context(self)
+        if work is not None:
+            wait(
+                work,
+                _deadline(self.timeout_s),
+                Tag(STEP, self.steps, 0),
+                list(range(self.world_size)),
+                self.timeout_s,
+            )
+        self._step()
+
+    after_step = step
+
+    def _step(self) -> None:
         with SyncTimer(self):
             partition = self.schedule.partition(self.steps, self.world_size)
-            self.groups.prepare(partition)
+            if self._legacy:
+                self.groups.prepare(partition)
             group = group_of(partition, self.rank)
             if len(group) > 1:
                 self._average_group(group)
             self.steps += 1
             self._advanced()
 
-    after_step = step
-
     def _average_group(self, group: list[int]) -> None:
         """Average with ``group`` (a subclass may time or wrap this)."""
-        self._average(self.groups.get(group), len(group))
+        self._average(group, len(group))
 
     def _advanced(self) -> None:
         """Called after each step moved to the next partition (a subclass may re-plan here)."""
 
     @torch.no_grad()
     def average_all(self) -> None:
-        """One global average over all ranks (e.g. for the final model)."""
+        """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
         with SyncTimer(self):
-            if self.world_size > 1:
-                self._average(self.process_group, self.world_size)
+            self._average(list(range(self.world_size)), self.world_size, kind=ALL)
 
-    def _average(self, pg: dist.ProcessGroup | None, size: int) -> None:
+    def _average(
+        self, where: list[int] | dist.ProcessGroup | None, size: int, kind: int = STEP
+    ) -> None:
+        """Average buckets and optimizer state with ``where``: a group (list of ranks) or a process group."""
+        if size < 2:
+            return
         if not self._buckets.intact():
             warnings.warn(
                 "the module's tensors were replaced since DSSync wrapped it (e.g. by .to()); "
@@ -167,13 +189,42 @@ class DSSync(Strategy):
                 stacklevel=3,
             )
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
-        self._buckets.average(pg, size)
-        self.bytes_sent += self._buckets.nbytes
-        if self.optimizer is not None:
-            state = [t for s in self.optimizer.state.values() for t in s.values()
-                     if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0]
-            if state:
-                average_tensors(state, pg, size, self.bucket_bytes)
+        state = self._optimizer_state()
+        if isinstance(where, list):
+            self.router.average(
+                where, kind, self.steps, buffers=self._buckets.buffers, tensors=state
+            )
+            return
+        from dssync.comm.buckets import pack, unpack  # a process group handed in by a subclass
+
+        flats = pack(state, self.bucket_bytes)
+        every = self._buckets.buffers + [f for f, _ in flats]
+        members = dist.get_process_group_ranks(where) if where is not None else list(range(size))
+        tag = Tag(kind, self.steps, layout_of(every))
+        collective_average(every, where, members, tag, self.timeout_s, self.router.roll)
+        unpack(flats)
+
+    def _optimizer_state(self) -> list[torch.Tensor]:
+        if self.optimizer is None:
+            return []
+        return [
+            t
+            for s in self.optimizer.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0
+        ]
+
+    # torch Join: a rank out of data keeps taking its part in its groups until every rank is done.
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _ServeGroups(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return next((p.device for p in self.module.parameters()), torch.device("cpu"))
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
 
     def state_dict(self) -> dict[str, Any]:
         """The synchronization state: the schedule step (save the module and optimizer yourself)."""
@@ -186,3 +237,20 @@ class DSSync(Strategy):
                 f"{self.schedule.describe()}; resume with the same --schedule, --group-size and --seed"
             )
         self.steps = int(state["steps"])
+
+
+class _ServeGroups(JoinHook):
+    """While other ranks still train, a joined rank takes each step's part in its group."""
+
+    def __init__(self, sync: DSSync) -> None:
+        self.sync = sync
+
+    def main_hook(self) -> None:
+        with torch.no_grad():
+            self.sync._step()
+
+
+def _deadline(timeout_s: float) -> float:
+    import time
+
+    return time.monotonic() + timeout_s

@@ -7,11 +7,17 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
+from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.exchange import broadcast_tensors
+from dssync.comm.tags import ALL
+from dssync.errors import UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 
 
 class LocalSGD(Strategy):
     """Global parameter averaging every ``period`` steps (period 1 is plain model averaging).
+
+    The averaging goes through the same core as DS-Sync (:class:`dssync.comm.averager.Router`).
 
     Example::
 
@@ -22,19 +28,32 @@ class LocalSGD(Strategy):
 
     name = "local-sgd"
 
-    def __init__(self, module: nn.Module, period: int = 4, process_group: dist.ProcessGroup | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        period: int = 4,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         super().__init__(module, process_group)
         if period < 1:
-            raise ValueError(f"period={period} must be >= 1 (steps between global averages)")
+            raise UsageError(f"period={period} must be >= 1 (steps between global averages)")
         self.period = period
         self.steps = 0
         self.world_size = dist.get_world_size(process_group)
-        tensors = list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]
+        tensors = [p for p in module.parameters() if p.requires_grad]
+        tensors += [b for b in module.buffers() if b.is_floating_point()]
         self._buckets = FlatBuckets(tensors, bucket_bytes)
-        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        self.router = Router(process_group, None, timeout_s, bucket_bytes)
         with torch.no_grad():
-            self._buckets.broadcast(src, group=process_group)
+            broadcast_tensors(
+                list(module.parameters()) + list(module.buffers()),
+                0,
+                process_group,
+                timeout_s,
+                self.router.roll,
+            )
 
     @torch.no_grad()
     def after_step(self) -> None:
@@ -45,7 +64,9 @@ class LocalSGD(Strategy):
     @torch.no_grad()
     def average_all(self) -> None:
         with SyncTimer(self):
-            self._buckets.average(self.process_group, self.world_size)
+            self.router.average(
+                range(self.world_size), ALL, self.steps, buffers=self._buckets.buffers
+            )
 
     def state_dict(self) -> dict:
         return {"steps": self.steps}

@@ -1,0 +1,81 @@
+"""Start-up agreement: before any averaging, every rank checks it shapes the collectives alike.
+
+One all-gather of a few 63-bit fingerprints (:func:`dssync.comm.consensus.fingerprint_check`,
+over the side group) compares what decides the number, size, dtype and order of the buffers each
+step moves: the model (names, shapes, dtypes), the schedule, the bucket size, buffers on or off,
+the frozen set and whether it is averaged, and the optimizer (on or off, its type, the shapes of
+its parameter groups). A mismatch raises :class:`~dssync.errors.UsageError` naming the odd rank
+and the fix, on every rank, before the first byte of parameter data moves.
+
+Example::
+
+    check_start(sync)      # inside DSSync.__init__, all ranks alike
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from dssync.comm.consensus import fingerprint_check, module_fingerprint
+from dssync.errors import UsageError
+
+
+def _hash(value: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little") >> 1
+
+
+def check_module(module: nn.Module) -> None:
+    """Refuse what DS-Sync cannot wrap: no process group yet, or a module already wrapped by DDP."""
+    if not dist.is_initialized():
+        raise UsageError(
+            "torch.distributed is not initialized; call dist.init_process_group() first, "
+            "or start the workers with `dssync train` or torchrun"
+        )
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        raise UsageError(
+            "the model is wrapped in DistributedDataParallel, which would synchronize "
+            "gradients as well; pass the plain module (ddp_model.module) to DSSync"
+        )
+
+
+def check_start(sync: Any) -> None:
+    """Every rank of ``sync.process_group`` agrees on what shapes the collectives (collective)."""
+    module = sync.module
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
+    opt = sync.optimizer
+    opt_layout = (
+        None
+        if opt is None
+        else (type(opt).__name__, [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups])
+    )
+    values = {
+        "model (parameter and buffer names, shapes, dtypes)": module_fingerprint(named),
+        "schedule": sync.schedule.fingerprint(sync.world_size),
+        "bucket_bytes": _hash(sync.bucket_bytes),
+        "average_buffers": _hash(sync.average_buffers),
+        "frozen parameters (requires_grad=False) and average_frozen": _hash(
+            (frozen, sync.average_frozen)
+        ),
+        "optimizer (given or not, its type and parameter shapes)": _hash(opt_layout),
+    }
+    fixes = {
+        "model (parameter and buffer names, shapes, dtypes)": "build the same model on every rank before wrapping it",
+        "schedule": "give every rank the same schedule type, group size and seed",
+        "bucket_bytes": "pass the same bucket_bytes on every rank",
+        "average_buffers": "pass the same average_buffers on every rank",
+        "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
+        "optimizer (given or not, its type and parameter shapes)": "pass optimizer= on every rank or on none, built alike",
+    }
+    try:
+        fingerprint_check(values, group=sync.process_group, fixes=fixes)
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from None

@@ -1,0 +1,182 @@
+"""The averaging core: one routine that averages flat buffers inside a group of ranks.
+
+:class:`Router` is made once per parent process group. Given this step's group (ranks of the
+parent group), it picks how the bytes move, with no process group created after construction:
+
+* the whole parent group: a collective on the parent group itself;
+* a group of a repeating schedule with more than two members: a collective on a group made at
+  construction (when the parent group is the world; see :meth:`Router.prepare`);
+* anything else (pairs, and groups of a schedule that never repeats): point-to-point exchange on
+  the parent group (:class:`~dssync.comm.exchange.Exchange`).
+
+Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout) checked after the
+transfer, and every wait is bounded by ``timeout_s`` (see :mod:`dssync.comm.exchange`).
+Tensors that already are flat bucket views (``DSSync``'s parameters) are averaged in place;
+others (optimizer state, a torch averager's parameters) are packed, averaged in the same call,
+and unpacked: one flatten/reduce/copy routine for every strategy.
+
+:class:`GroupAverager` is this core in the shape of PyTorch's model averagers
+(``torch.distributed.algorithms.model_averaging``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
+from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
+
+from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.exchange import DEFAULT_CHUNK_BYTES, Exchange, RollCall, collective_average
+from dssync.comm.tags import AVERAGER, Tag, layout_of
+from dssync.errors import UsageError
+from dssync.schedules import Schedule, Shuffle, group_of
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class Router:
+    """Averages buffers inside this step's group of ranks of ``process_group``.
+
+    Every rank of the parent group makes a Router at the same point (it may create the groups of
+    a repeating schedule). ``created`` counts the process groups it made; it only grows in
+    :meth:`prepare`, never while averaging.
+
+    Example::
+
+        router = Router(None, Shuffle(3, seed=0, period=8))
+        router.average([0, 2, 5], kind=STEP, step=4, tensors=list(model.parameters()))
+    """
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        schedule: Schedule | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if not timeout_s or timeout_s <= 0:
+            raise UsageError(
+                f"timeout_s={timeout_s!r} must be a positive number of seconds; "
+                f"the default is {DEFAULT_TIMEOUT_S:g}"
+            )
+        self.parent = process_group if process_group is not None else dist.group.WORLD
+        self.size = dist.get_world_size(self.parent)
+        self.rank = dist.get_rank(self.parent)
+        self.timeout_s = float(timeout_s)
+        self.bucket_bytes = bucket_bytes
+        self.exchange = Exchange(self.parent, chunk_bytes)
+        self.roll = RollCall(self.parent)  # made now: no group is created after construction
+        self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+        self._elsewhere: set[tuple[int, ...]] = set()
+        self.created = 0
+        if schedule is not None:
+            self.prepare(schedule)
+
+    def prepare(self, schedule: Schedule) -> None:
+        """Make the groups of more than two ranks that a repeating ``schedule`` uses (collective).
+
+        Every rank of the world calls ``new_group`` for every such group, in one sorted order
+        (groups made with ``use_local_synchronization`` by overlapping sets of ranks were seen to
+        deadlock in gloo's connection set-up). Inside a parent group that is not the world, whose
+        outsiders cannot join in, those groups average point to point instead.
+        """
+        cycle = schedule.cycle(self.size)
+        if cycle is None or self.parent is not dist.group.WORLD:
+            return
+        wanted = sorted(
+            {
+                tuple(g)
+                for s in range(cycle)
+                for g in schedule.partition(s, self.size)
+                if 2 < len(g) < self.size
+            }
+        )
+        for key in wanted:
+            if key not in self.groups and key not in self._elsewhere:
+                pg = dist.new_group(list(key))
+                self.created += 1
+                if self.rank in key:
+                    self.groups[key] = pg
+                else:
+                    self._elsewhere.add(key)
+
+    def average(
+        self,
+        group: Sequence[int],
+        kind: int,
+        step: int,
+        buffers: Sequence[torch.Tensor] = (),
+        tensors: Sequence[torch.Tensor] = (),
+    ) -> None:
+        """Average ``buffers`` (flat, in place) and ``tensors`` (packed) with ``group`` (tagged)."""
+        group = list(group)
+        if len(group) < 2:
+            return
+        flats = pack(tensors, self.bucket_bytes) if tensors else []
+        every = list(buffers) + [f for f, _ in flats]
+        tag = Tag(kind, step, layout_of(every))
+        if len(group) == self.size:
+            collective_average(every, self.parent, group, tag, self.timeout_s, self.roll)
+        elif tuple(group) in self.groups:
+            collective_average(
+                every, self.groups[tuple(group)], group, tag, self.timeout_s, self.roll
+            )
+        else:
+            self.exchange.average(every, group, tag, self.timeout_s)
+        unpack(flats)
+
+
+class GroupAverager(ModelAverager):
+    """A torch model averager that averages inside each step's group of a DS-Sync schedule.
+
+    ``average_parameters(params)`` takes ``model.parameters()`` or ``optimizer.param_groups``
+    (parameters without a gradient are left alone, as with PyTorch's averagers); from
+    ``warmup_steps`` on, each call averages with this step's group of ``schedule`` and ``step``
+    counts the calls. ``GroupAverager(Global())`` averages exactly as
+    ``PeriodicModelAverager(period=1)``. It works wherever a ``ModelAverager`` does, including
+    ``PostLocalSGDOptimizer`` (whose state_dict saves and restores ``step``).
+
+    Example (under torchrun or :func:`dssync.launch.spawn`)::
+
+        from torch.distributed.optim import PostLocalSGDOptimizer
+        averager = GroupAverager(Shuffle(2, seed=0), warmup_steps=10)
+        opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), averager)
+        for x in batches:
+            model(x).sum().backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        warmup_steps: int = 0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        super().__init__(process_group)
+        if warmup_steps < 0:
+            raise UsageError(
+                f"warmup_steps={warmup_steps} must be >= 0 (steps before averaging starts)"
+            )
+        self.schedule = schedule if schedule is not None else Shuffle(2)
+        self.warmup_steps = warmup_steps
+        self.member = not dist._rank_not_in_group(self.process_group)
+        self.router = (
+            Router(self.process_group, self.schedule, timeout_s, bucket_bytes, chunk_bytes)
+            if self.member
+            else None
+        )
+
+    def average_parameters(self, params: Iterable[torch.nn.Parameter] | Iterable[dict]) -> None:
+        """Average with this step's group (from ``warmup_steps`` on), then count the step."""
+        if self.router is not None and self.step >= self.warmup_steps:
+            tensors = get_params_to_average(params)
+            group = group_of(self.schedule.partition(self.step, self.router.size), self.router.rank)
+            with torch.no_grad():
+                self.router.average(group, AVERAGER, self.step, tensors=tensors)
+        self.step += 1
