@@ -28,6 +28,7 @@ from torch import nn
 from dssync.errors import UsageError
 from dssync.schedules import schedule_from_name
 from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
+from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
 from dssync.topology import Topology
 
 if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
@@ -114,6 +115,34 @@ def _dssync_topo(
     )
 
 
+def _dssync_overlap(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
+    return OverlapDSSync(
+        module,
+        schedule=schedule,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def _dssync_topo_overlap(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return TopoOverlapDSSync(
+        module,
+        topology,
+        max_every=cfg.period or 8,
+        group_size=cfg.group_size,
+        seed=cfg.seed,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 
@@ -132,6 +161,17 @@ _TABLE = [
         "dssync-topo",
         "DS-Sync with topology-aware groups, re-planned from timings",
         _dssync_topo,
+        needs=_TOPO_RATES,
+    ),
+    Method(
+        "dssync-overlap",
+        "DS-Sync whose group average runs behind the next step's compute (merged a step later)",
+        _dssync_overlap,
+    ),
+    Method(
+        "dssync-topo-overlap",
+        "overlapped DS-Sync on a fixed topology-aware plan made at start",
+        _dssync_topo_overlap,
         needs=_TOPO_RATES,
     ),
     Method(
