@@ -24,10 +24,12 @@ contracts to the all-equal average (a butterfly after log2(n) steps, a shuffle i
 reaches it, one step later. Because each ``W`` is doubly stochastic, the mean over ranks moves by
 exactly the mean update, as in blocking DS-Sync.
 
-Checkpoints: a pending average is finished and merged before any state is read (the module's and
-the optimizer's ``state_dict`` and :meth:`state_dict` all do it first), so a saved state has none
-in flight and a resumed run continues bit-exactly like the run that saved. :meth:`average_all`
-finishes it too. Each pending average is tagged with its own step (kind ``OVERLAP``), so ranks
+Checkpoints: :meth:`state_dict` waits for the average in flight (nothing is in flight while the
+state is written) but does not merge it; it holds the snapshot and the means, and
+:meth:`load_state_dict` restores them, to be merged at the next ``step()`` as they would have
+been. So saving does not change the run, and a resumed run continues bit-exactly like one never
+stopped (the checkpoint holds two extra copies of the averaged tensors). :meth:`average_all`
+finishes and merges it first. Each pending average is tagged with its own step (kind ``OVERLAP``), so ranks
 out of step, or a rank running blocking DS-Sync beside overlapped ones, raise ``SyncError``.
 """
 
@@ -40,9 +42,9 @@ import torch
 from torch import nn
 
 from dssync.comm import FlatBuckets
-from dssync.comm.buckets import pack
+from dssync.comm.buckets import pack, plan_buckets
 from dssync.comm.pending import OVERLAP, Pending, start
-from dssync.errors import UsageError
+from dssync.errors import SyncError, UsageError
 from dssync.schedules import group_of
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import SyncTimer
@@ -71,15 +73,13 @@ class OverlapDSSync(DSSync):
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         super().__init__(module, *args, **kwargs)
-        self._pending: tuple[Pending, list[torch.Tensor], list[torch.Tensor]] | None = None
-        module.register_state_dict_pre_hook(lambda *_: self.finish())
-        if self.optimizer is not None:
-            self.optimizer.register_state_dict_pre_hook(lambda *_: self.finish())
+        self._pending: tuple[Pending, list[torch.Tensor]] | None = None
+        self._ready: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
     @property
     def pending(self) -> bool:
-        """True while an average is in flight (started, not yet merged)."""
-        return self._pending is not None
+        """True while an average is started or arrived but not yet merged."""
+        return self._pending is not None or self._ready is not None
 
     def _step(self) -> None:
         with SyncTimer(self):
@@ -99,31 +99,47 @@ class OverlapDSSync(DSSync):
                 stacklevel=4,
             )
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
-        live = list(self._buckets.buffers)
-        snapshot = [b.clone() for b in live]
-        for flat, tensors in pack(self._optimizer_state(), self.bucket_bytes):
-            snapshot.append(flat)  # pack copies: the flat buffer is the snapshot
-            live.append(tensors)
-        self._pending = (start(self.router, group, OVERLAP, self.steps, snapshot), snapshot, live)
+        snapshot = [b.clone() for b in self._buckets.buffers]
+        snapshot += [flat for flat, _ in pack(self._optimizer_state(), self.bucket_bytes)]
+        self._pending = (start(self.router, group, OVERLAP, self.steps, snapshot), snapshot)
+
+    def _arrive(self) -> None:
+        """Wait for the average in flight, if any, without merging it."""
+        if self._pending is not None:
+            pending, snapshot = self._pending
+            self._pending = None
+            self._ready = (snapshot, pending.wait())
+
+    def _targets(self) -> list[torch.Tensor | list[torch.Tensor]]:
+        """What a merge updates: the flat buckets, then the optimizer state packed alike."""
+        state = plan_buckets(self._optimizer_state(), self.bucket_bytes)
+        return [*self._buckets.buffers, *state]
 
     @torch.no_grad()
     def finish(self) -> None:
         """Wait for the average in flight, if any, and merge it: x <- mean + (x - snapshot)."""
-        if self._pending is None:
+        self._arrive()
+        if self._ready is None:
             return
-        pending, snapshot, live = self._pending
-        self._pending = None
-        means = pending.wait()
-        for target, snap, mean in zip(live, snapshot, means, strict=True):
+        snapshot, means = self._ready
+        self._ready = None
+        targets = self._targets()
+        if [_numel(t) for t in targets] != [s.numel() for s in snapshot]:
+            raise SyncError(
+                f"the averaged tensors ({len(snapshot)} buffers) no longer match the model and "
+                f"optimizer state ({len(targets)} buffers); keep the optimizer's state and the "
+                "model's tensors in place between step() calls",
+                step=self.steps,
+            )
+        for target, snap, mean in zip(targets, snapshot, means, strict=True):
             if torch.is_tensor(target):
                 target.sub_(snap).add_(mean)
                 continue
             offset = 0
             for t in target:  # optimizer state: the tensors one packed buffer holds
                 n = t.numel()
-                t.sub_(snap[offset : offset + n].view_as(t)).add_(
-                    mean[offset : offset + n].view_as(t)
-                )
+                t.sub_(snap[offset : offset + n].view_as(t))
+                t.add_(mean[offset : offset + n].view_as(t))
                 offset += n
 
     @torch.no_grad()
@@ -134,13 +150,27 @@ class OverlapDSSync(DSSync):
         super().average_all()
 
     def state_dict(self) -> dict[str, Any]:
-        """The schedule step, with no average in flight (a pending one is merged first)."""
-        self.finish()
-        return super().state_dict()
+        """The schedule step and the arrived, not yet merged average (snapshot and means).
+
+        The average in flight is waited for (the collective must not outlive the save) but not
+        merged, so saving does not change the run; the model and optimizer are saved as they are.
+        """
+        self._arrive()
+        ready = (
+            None if self._ready is None else {"snapshot": self._ready[0], "means": self._ready[1]}
+        )
+        return {**super().state_dict(), "overlap": ready}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.finish()  # keeps the group's messages matched; the loaded model replaces the result
+        """Restore the step and the average to merge at the next :meth:`step`."""
+        self.finish()  # one already in flight completes so the group's messages stay matched
         super().load_state_dict(state)
+        ready = state.get("overlap")
+        self._ready = None if ready is None else (list(ready["snapshot"]), list(ready["means"]))
+
+
+def _numel(target: torch.Tensor | list[torch.Tensor]) -> int:
+    return target.numel() if torch.is_tensor(target) else sum(t.numel() for t in target)
 
 
 class TopoOverlapDSSync(OverlapDSSync):
