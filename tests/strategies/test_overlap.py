@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync import Butterfly, DSSync, Shuffle
+from dssync import Butterfly, DSSync, Global, Shuffle, Static
 from dssync.errors import SyncError
 from dssync.launch import spawn
 from dssync.schedules.topology import plan_topology_aware
@@ -42,7 +42,15 @@ def _zero_lr(cls_name: str, schedule, steps: int):
     return out
 
 
-@pytest.mark.parametrize(("world", "schedule"), [(4, Butterfly(2)), (3, Shuffle(2, uneven=True))])
+@pytest.mark.parametrize(
+    ("world", "schedule"),
+    [
+        (4, Butterfly(2)),  # pairs: point to point
+        (3, Shuffle(2, uneven=True)),  # a group of three that never repeats: point to point
+        (4, Static([[0, 1, 2], [3]])),  # a made group: collective
+        (2, Global()),  # the whole group: collective on it
+    ],
+)
 def test_zero_lr_matches_blocking_one_step_later(world, schedule):
     steps = 3
     blocking = spawn(_zero_lr, world, args=("blocking", schedule, steps), timeout_s=180)
