@@ -38,6 +38,7 @@ from dssync.strategies import (
     PowerSGD,
     Strategy,
 )
+from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
 from dssync.topology import Topology
 
 if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
@@ -124,6 +125,34 @@ def _dssync_topo(
     )
 
 
+def _dssync_overlap(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
+    return OverlapDSSync(
+        module,
+        schedule=schedule,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
+def _dssync_topo_overlap(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return TopoOverlapDSSync(
+        module,
+        topology,
+        max_every=cfg.period or 8,
+        group_size=cfg.group_size,
+        seed=cfg.seed,
+        optimizer=opt if cfg.average_momentum else None,
+        bucket_bytes=_bucket_bytes(cfg),
+        timeout_s=cfg.timeout_s,
+    )
+
+
 def _powersgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
@@ -179,6 +208,17 @@ _TABLE = [
         "DS-Sync on fixed groups that never shuffle (ablation)",
         _dssync,
         settings={"schedule": "static"},
+    ),
+    Method(
+        "dssync-overlap",
+        "DS-Sync whose group average runs behind the next step's compute (merged a step later)",
+        _dssync_overlap,
+    ),
+    Method(
+        "dssync-topo-overlap",
+        "overlapped DS-Sync on a fixed topology-aware plan made at start",
+        _dssync_topo_overlap,
+        needs=_TOPO_RATES,
     ),
     Method("powersgd", "DDP with PyTorch's PowerSGD hook (rank 2, error feedback)", _powersgd),
     Method("fp16", "DDP with PyTorch's fp16 hook: gradients all-reduced in half precision", _fp16),

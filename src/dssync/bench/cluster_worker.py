@@ -6,6 +6,12 @@ Started inside a host namespace by :mod:`dssync.experiments.cluster_bench`::
 
 Rank r writes ``DIR/rank<r>.json``; rank 0 also writes ``DIR/progress.json`` once the warm-up
 steps are done (the parent starts a scenario's timed link changes from there).
+
+``--compute-ms C`` adds real compute to every step: matrix products on the CPU taking about C ms,
+run before the forward pass (so a method that averages in the background, such as
+``dssync-overlap``, can hide its transfer behind them; DDP's all-reduce starts after them). Each
+rank also times a step without any synchronization (forward, backward and the matrix work) before
+training, reported as ``compute_s``.
 """
 
 from __future__ import annotations
@@ -55,18 +61,72 @@ def build(
     return build_strategy(cfg, model, optimizer, topo), info
 
 
-def run(cfg: TrainConfig, params: int, steps: int, warmup: int, probe: bool, out: Path) -> None:
+class Burn:
+    """Matrix products on the CPU taking about ``ms`` milliseconds per call (calibrated once).
+
+    Example::
+
+        burn = Burn(20.0)
+        burn()            # about 20 ms of 128x128 matrix products
+    """
+
+    def __init__(self, ms: float, size: int = 128) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.randn(size, size, generator=g) / size**0.5
+        self.b = torch.randn(size, size, generator=g)
+        self.c = torch.empty(size, size)
+        self.reps = 0
+        if ms > 0:
+            self.reps = 20
+            per = min(self._time() for _ in range(3)) / 20
+            self.reps = max(1, round(ms / 1000 / per))
+
+    def _time(self) -> float:
+        t0 = time.perf_counter()
+        self()
+        return time.perf_counter() - t0
+
+    def __call__(self) -> None:
+        for _ in range(self.reps):
+            torch.mm(self.a, self.b, out=self.c)
+
+
+def compute_time(model: FlatModel, x: torch.Tensor, burn: Burn, reps: int = 5) -> float:
+    """Median seconds of one step's compute with no synchronization (forward, backward, burn)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.monotonic()
+        burn()
+        model(x).backward()
+        model.zero_grad(set_to_none=True)
+        times.append(time.monotonic() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def run(
+    cfg: TrainConfig,
+    params: int,
+    steps: int,
+    warmup: int,
+    probe: bool,
+    out: Path,
+    compute_ms: float = 0.0,
+) -> None:
     rank = dist.get_rank()
     device = device_for(cfg.device)
     torch.manual_seed(0)
     model = FlatModel(params).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    strategy, info = build(cfg, model, optimizer, probe)
     x = torch.randn(params, generator=torch.Generator().manual_seed(rank)).to(device)
+    burn = Burn(compute_ms)
+    compute_s = compute_time(model, x, burn)  # before DDP's hooks are on the parameters
+    strategy, info = build(cfg, model, optimizer, probe)
+    info["compute_s"] = compute_s
     dist.barrier()
     records = []
     for step in range(steps):
         t0 = time.monotonic()
+        burn()
         strategy.model(x).backward()
         strategy.after_backward()
         optimizer.step()
@@ -79,6 +139,8 @@ def run(cfg: TrainConfig, params: int, steps: int, warmup: int, probe: bool, out
         if rank == 0 and step + 1 == warmup:
             pace = (t1 - records[min(1, step)][0]) / max(step, 1)
             (out / "progress.json").write_text(json.dumps({"pace_s": pace, "at": t1}))
+    if hasattr(strategy, "finish"):
+        strategy.finish()  # an overlapped average still in flight completes before the exit
     info["switches"] = getattr(strategy, "switches", [])
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "records": records, **info}))
 
@@ -91,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--period", type=int, default=8)
     p.add_argument("--probe", action="store_true")
+    p.add_argument("--compute-ms", type=float, default=0.0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, required=True)
@@ -107,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             timeout_s=a.timeout,
             device=a.device,
         )
-        run(cfg, a.params, a.steps, a.warmup, a.probe, a.out)
+        run(cfg, a.params, a.steps, a.warmup, a.probe, a.out, a.compute_ms)
         dist.barrier()  # every rank has written its timings
     finally:
         dist.destroy_process_group()

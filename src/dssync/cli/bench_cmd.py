@@ -95,6 +95,13 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     show_default=True,
     help="Where each worker keeps its model (auto: CUDA when present).",
 )
+@click.option(
+    "--compute-ms",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Matrix work per step on the CPU (ms), so averaging can hide behind compute.",
+)
 def bench(
     scenarios,
     methods,
@@ -109,6 +116,7 @@ def bench(
     plot_path,
     out_dir,
     device,
+    compute_ms,
 ) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
     if warmup >= steps:
@@ -124,9 +132,10 @@ def bench(
         timeout_s=timeout_s,
         out_dir=out,
         device=device,
+        compute_ms=compute_ms,
     )
     results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
-    console.print(bench_table(results, params))
+    console.print(bench_table(results, params, compute_ms))
     bench_plot(results, plot_path)
     console.print(f"plot: {plot_path}; worker logs: {out}")
     if json_path:

@@ -8,15 +8,27 @@ from typing import Any
 from rich.table import Table
 
 
-def bench_table(results: dict[str, dict[str, Any]], params: int) -> Table:
-    """One row per (scenario, method): iteration and sync time, ratio to DDP, bound, bytes."""
-    t = Table(title=f"dssync bench: flat model of {params:,} parameters (means per iteration)")
+def bench_table(results: dict[str, dict[str, Any]], params: int, compute_ms: float = 0.0) -> Table:
+    """One row per (scenario, method): iteration, compute, exposed and sync time, ratios, bytes.
+
+    ``compute`` is a step with no synchronization, timed by each rank before training;
+    ``exposed`` is iteration minus compute (the averaging time not hidden behind compute);
+    ``vs max(C, A)`` is an overlapped method's iteration over the larger of compute and its
+    blocking counterpart's sync time in the same run (1.0 would hide all of it).
+    """
+    work = f", {compute_ms:g} ms of matrix work per step" if compute_ms else ""
+    t = Table(
+        title=f"dssync bench: flat model of {params:,} parameters{work} (means per iteration)"
+    )
     for col in [
         "scenario",
         "method",
         "iteration",
+        "compute",
+        "exposed",
         "sync",
         "vs DDP",
+        "vs max(C, A)",
         "lower bound",
         "busiest link / iter",
         "S4 recovery",
@@ -35,12 +47,16 @@ def bench_table(results: dict[str, dict[str, Any]], params: int) -> Table:
                     else f"{r['recovery_steps']} steps ({rec:.2f} periods)"
                 )
             )
+            hidden = r.get("ratio_to_hidden")
             t.add_row(
                 scenario,
                 method,
                 _ms(r["iter_time_s"]),
+                _ms(r.get("compute_s")),
+                _ms(r.get("exposed_s")),
                 _ms(r["sync_time_s"]),
                 "" if ratio is None else f"{ratio:.2f}x",
+                "" if hidden is None else f"{hidden:.2f}x",
                 _ms(r["lower_bound_s"]),
                 f"{r['max_link_bytes_per_iter'] / 1e6:.1f} MB",
                 rec_text,
