@@ -3,12 +3,12 @@
 from dssync.comm.buckets import (
     DEFAULT_BUCKET_BYTES,
     FlatBuckets,
-    average_tensors,
     pack,
     plan_buckets,
     unpack,
 )
 from dssync.comm.consensus import consensus_distance, fingerprint_check
+from dssync.comm.exchange import average_tensors
 from dssync.comm.groups import GroupCache
 
 __all__ = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 from dssync.comm.tags import layout_of
 from dssync.errors import UsageError
@@ -108,21 +107,3 @@ def unpack(flats: Sequence[tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
         for t in chunk:
             t.detach().copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
-
-
-def average_tensors(
-    tensors: Sequence[torch.Tensor],
-    group: dist.ProcessGroup | None,
-    group_size: int,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    timeout_s: float = 120.0,
-) -> None:
-    """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded)."""
-    from dssync.comm.exchange import collective_average
-    from dssync.comm.tags import ALL, Tag
-
-    flats = pack(tensors, bucket_bytes)
-    buffers = [f for f, _ in flats]
-    members = list(range(group_size))
-    collective_average(buffers, group, members, Tag(ALL, -1, layout_of(buffers)), timeout_s)
-    unpack(flats)

@@ -37,7 +37,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dssync.comm.tags import BROADCAST, Tag, check_peers, check_spread
+from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_spread, layout_of
 from dssync.errors import PeerLost
 
 DEFAULT_CHUNK_BYTES = (
@@ -323,8 +324,6 @@ def broadcast_tensors(
     roll: RollCall | None = None,
 ) -> None:
     """Overwrite ``tensors`` with group rank ``src``'s, packed per dtype (one broadcast each)."""
-    from dssync.comm.buckets import pack, unpack
-
     tag = Tag(BROADCAST, 0, 0)
     deadline = time.monotonic() + timeout_s
     members = list(range(dist.get_world_size(process_group)))
@@ -337,4 +336,19 @@ def broadcast_tensors(
     works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
     for w in works:
         wait(w, deadline, tag, members, timeout_s, roll=roll)
+    unpack(flats)
+
+
+def average_tensors(
+    tensors: Sequence[torch.Tensor],
+    group: dist.ProcessGroup | None,
+    group_size: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    timeout_s: float = 120.0,
+) -> None:
+    """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded)."""
+    flats = pack(tensors, bucket_bytes)
+    buffers = [f for f, _ in flats]
+    members = list(range(group_size))
+    collective_average(buffers, group, members, Tag(ALL, -1, layout_of(buffers)), timeout_s)
     unpack(flats)

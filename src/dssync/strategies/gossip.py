@@ -18,6 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
+from dssync.comm.averager import Router
+from dssync.comm.exchange import broadcast_tensors
+from dssync.comm.tags import ALL
 from dssync.errors import PeerLost
 from dssync.schedules.gossip import ring_peers
 from dssync.strategies.base import Strategy, SyncTimer
@@ -63,8 +66,10 @@ class DPSGD(Strategy):
             tensors += [b for b in module.buffers() if b.is_floating_point()]
         self._buckets = FlatBuckets(tensors, bucket_bytes)
         self._inbox = [[torch.empty_like(b) for b in self._buckets.buffers] for _ in self.peers]
+        self.timeout_s = timeout_s
+        self.router = Router(process_group, None, timeout_s, bucket_bytes)
         with torch.no_grad():
-            self._buckets.broadcast(self._global(0), group=process_group)
+            broadcast_tensors(self._buckets.buffers, 0, process_group, timeout_s, self.router.roll)
 
     def _global(self, rank: int) -> int:
         if self.process_group is None:
@@ -113,7 +118,8 @@ class DPSGD(Strategy):
         """One global average over all ranks (the final model)."""
         with SyncTimer(self):
             if self.world_size > 1:
-                self._buckets.average(self.process_group, self.world_size)
+                everyone = list(range(self.world_size))
+                self.router.average(everyone, ALL, self.steps, buffers=self._buckets.buffers)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps}
