@@ -93,8 +93,6 @@ class AdaptiveDSSync(DSSync):
         self._local: list[float] = []
         self._cross: list[float] = []
         self.device = module_device(module)
-        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
-        self._ping = torch.zeros(1, dtype=dtype, device=self.device)  # training data, not metadata
 
     def _plan(self, topology: Topology) -> TopologyAware:
         return plan_topology_aware(
@@ -103,10 +101,9 @@ class AdaptiveDSSync(DSSync):
 
     def _average_group(self, group: list[int]) -> None:
         """Average with the group, timing only the transfer (the device's work included)."""
-        pg = self.groups.get(group)
-        dist.all_reduce(self._ping, group=pg)  # line the group up: waiting is not transfer
+        self.line_up(group)  # a tag-only exchange: waiting for a late partner is not transfer
         t0 = clock(self.device)
-        self._average(pg, len(group))
+        self._average(group, len(group))
         spent = clock(self.device) - t0
         crosses = len({self._home[r] for r in group}) > 1
         (self._cross if crosses else self._local).append(spent)

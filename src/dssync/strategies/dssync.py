@@ -17,11 +17,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets, GroupCache
+from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
-from dssync.comm.exchange import broadcast_tensors, collective_average, wait
-from dssync.comm.tags import ALL, STEP, Tag, layout_of
+from dssync.comm.exchange import broadcast_tensors, wait
+from dssync.comm.tags import ALL, STEP, Tag
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -82,7 +82,6 @@ class DSSync(Strategy, Joinable):
         broadcast_init: bool = True,
         optimizer: torch.optim.Optimizer | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        max_groups: int = 128,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         average_frozen: bool = False,
     ) -> None:
@@ -96,7 +95,6 @@ class DSSync(Strategy, Joinable):
         self.average_frozen = average_frozen
         self.optimizer = optimizer
         self.bucket_bytes = bucket_bytes
-        self.max_groups = max_groups
         self.timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
         self.steps = 0
         self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
@@ -107,10 +105,6 @@ class DSSync(Strategy, Joinable):
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
                 broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
-        self.groups = GroupCache(
-            process_group, max_groups=max_groups
-        )  # only for _legacy subclasses
-        self._legacy = type(self)._average_group is not DSSync._average_group
         self._prepare_cycle()
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -122,14 +116,6 @@ class DSSync(Strategy, Joinable):
     def _prepare_cycle(self) -> None:
         """Make the groups a repeating schedule needs (collective; construction and re-plans only)."""
         self.router.prepare(self.schedule)
-        cycle = self.schedule.cycle(self.world_size)
-        if not self._legacy or cycle is None:
-            return
-        partitions = [self.schedule.partition(s, self.world_size) for s in range(cycle)]
-        distinct = {tuple(g) for p in partitions for g in p if 1 < len(g) < self.world_size}
-        if len(distinct) <= self.groups.max_groups:
-            for p in partitions:
-                self.groups.prepare(p)
 
     @property
     def bucket_count(self) -> int:
@@ -138,7 +124,7 @@ class DSSync(Strategy, Joinable):
     @property
     def groups_created(self) -> int:
         """Process groups this wrapper has created (none after construction for its own schedules)."""
-        return self.router.created + self.groups.created
+        return self.router.created
 
     def current_group(self) -> list[int]:
         """This rank's group at the current step."""
@@ -163,8 +149,6 @@ class DSSync(Strategy, Joinable):
     def _step(self) -> None:
         with SyncTimer(self):
             partition = self.schedule.partition(self.steps, self.world_size)
-            if self._legacy:
-                self.groups.prepare(partition)
             group = group_of(partition, self.rank)
             if len(group) > 1:
                 self._average_group(group)
@@ -188,10 +172,8 @@ class DSSync(Strategy, Joinable):
         with SyncTimer(self):
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
 
-    def _average(
-        self, where: list[int] | dist.ProcessGroup | None, size: int, kind: int = STEP
-    ) -> None:
-        """Average buckets and optimizer state with ``where``: a group (list of ranks) or a process group."""
+    def _average(self, group: list[int], size: int, kind: int = STEP) -> None:
+        """Average buckets and optimizer state with ``group`` (ranks of the process group)."""
         if size < 2:
             return
         if not self._buckets.intact():
@@ -201,20 +183,9 @@ class DSSync(Strategy, Joinable):
                 stacklevel=3,
             )
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
-        state = self._optimizer_state()
-        if isinstance(where, list):
-            self.router.average(
-                where, kind, self.steps, buffers=self._buckets.buffers, tensors=state
-            )
-            return
-        from dssync.comm.buckets import pack, unpack  # a process group handed in by a subclass
-
-        flats = pack(state, self.bucket_bytes)
-        every = self._buckets.buffers + [f for f, _ in flats]
-        members = dist.get_process_group_ranks(where) if where is not None else list(range(size))
-        tag = Tag(kind, self.steps, layout_of(every))
-        collective_average(every, where, members, tag, self.timeout_s, self.router.roll)
-        unpack(flats)
+        self.router.average(
+            group, kind, self.steps, buffers=self._buckets.buffers, tensors=self._optimizer_state()
+        )
 
     def _optimizer_state(self) -> list[torch.Tensor]:
         if self.optimizer is None:
