@@ -16,11 +16,12 @@ class behind this interface, so a training loop is written once:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
+
+from dssync.comm.clock import clock, module_device
 
 
 class Strategy:
@@ -64,14 +65,19 @@ class Strategy:
 
 
 class SyncTimer:
-    """Context manager that adds its elapsed time to a strategy's sync time."""
+    """Context manager that adds its elapsed time to a strategy's sync time.
+
+    On a GPU it waits for the device at both ends, so the time is that of the work itself, not of
+    queueing it (:func:`dssync.comm.clock.clock`).
+    """
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
+        self.device = module_device(strategy.module)
 
     def __enter__(self) -> SyncTimer:
-        self.t0 = time.perf_counter()
+        self.t0 = clock(self.device)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.strategy._sync_s += time.perf_counter() - self.t0
+        self.strategy._sync_s += clock(self.device) - self.t0
