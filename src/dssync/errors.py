@@ -26,8 +26,13 @@ class SyncError(DSSyncError, RuntimeError):
     fault where they are known (empty otherwise).
     """
 
-    def __init__(self, message: str, step: int | None = None, group: list[int] | None = None,
-                 ranks: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        step: int | None = None,
+        group: list[int] | None = None,
+        ranks: list[int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.group = list(group or [])

@@ -15,13 +15,23 @@ import torch
 from dssync.train.checkpoint import write_checkpoint
 
 TRAIN = ["train", "--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
-GOOD_HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync", "workload_options": {},
-               "steps_per_epoch": 44}
+GOOD_HEADER = {
+    "world_size": 2,
+    "workload": "digits",
+    "sync": "dssync",
+    "workload_options": {},
+    "steps_per_epoch": 44,
+}
 
 
 def dssync(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "dssync", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dssync", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -38,45 +48,108 @@ def topology(tmp: Path, body: str) -> str:
     return str(path)
 
 
-CLUSTER = '[cluster]\nracks = 2\nhosts_per_rack = 1\nworkers_per_host = 1\n'
+CLUSTER = "[cluster]\nracks = 2\nhosts_per_rack = 1\nworkers_per_host = 1\n"
 
 # name -> (function of tmp_path giving the CLI arguments, words the one-line message must contain)
 CASES = {
-    "unknown workload": (lambda t: ["train", "--workload", "resnet9000"], ["workload", "resnet9000", "one of"]),
-    "workers not a number": (lambda t: [*TRAIN, "--workers", "four"], ["--workers", "four", "--help"]),
+    "unknown workload": (
+        lambda t: ["train", "--workload", "resnet9000"],
+        ["workload", "resnet9000", "one of"],
+    ),
+    "workers not a number": (
+        lambda t: [*TRAIN, "--workers", "four"],
+        ["--workers", "four", "--help"],
+    ),
     "negative epochs": (lambda t: [*TRAIN, "--epochs", "-3"], ["--epochs", "-3"]),
     "learning rate not a float": (lambda t: [*TRAIN, "--lr", "fast"], ["--lr", "fast"]),
     "unknown sync": (lambda t: [*TRAIN, "--sync", "telepathy"], ["--sync", "telepathy"]),
-    "unknown rate schedule": (lambda t: [*TRAIN, "--lr-schedule", "linear"], ["--lr-schedule", "linear", "cosine"]),
-    "swa rate without swa": (lambda t: [*TRAIN, "--swa-lr", "0.01"], ["--swa-lr", "add --swa-start"]),
-    "group size too large": (lambda t: [*TRAIN, "--group-size", "5"], ["--group-size 5", "use a group size from 1 to 2"]),
-    "device cuda without CUDA": (lambda t: [*TRAIN, "--device", "cuda"], ["--device cuda", "use --device cpu"]),
-    "data dir missing": (lambda t: [*TRAIN, "--data-dir", str(t / "nowhere")], ["does not exist", "pass the folder"]),
-    "data dir in wrong format (cifar)": (lambda t: [*TRAIN, "--workload", "wrn", "--data-dir", _junk_cifar(t)],
-                                         ["cannot read the wrn data", "pass a folder in the format"]),
-    "data dir in wrong format (criteo)": (lambda t: [*TRAIN, "--workload", "deepfm", "--data-dir", _junk_criteo(t)],
-                                          ["train.txt:1", "tab-separated"]),
+    "unknown rate schedule": (
+        lambda t: [*TRAIN, "--lr-schedule", "linear"],
+        ["--lr-schedule", "linear", "cosine"],
+    ),
+    "swa rate without swa": (
+        lambda t: [*TRAIN, "--swa-lr", "0.01"],
+        ["--swa-lr", "add --swa-start"],
+    ),
+    "group size too large": (
+        lambda t: [*TRAIN, "--group-size", "5"],
+        ["--group-size 5", "use a group size from 1 to 2"],
+    ),
+    "device cuda without CUDA": (
+        lambda t: [*TRAIN, "--device", "cuda"],
+        ["--device cuda", "use --device cpu"],
+    ),
+    "data dir missing": (
+        lambda t: [*TRAIN, "--data-dir", str(t / "nowhere")],
+        ["does not exist", "pass the folder"],
+    ),
+    "data dir in wrong format (cifar)": (
+        lambda t: [*TRAIN, "--workload", "wrn", "--data-dir", _junk_cifar(t)],
+        ["cannot read the wrn data", "pass a folder in the format"],
+    ),
+    "data dir in wrong format (criteo)": (
+        lambda t: [*TRAIN, "--workload", "deepfm", "--data-dir", _junk_criteo(t)],
+        ["train.txt:1", "tab-separated"],
+    ),
     "resume without a folder": (lambda t: [*TRAIN, "--resume"], ["--resume", "--checkpoint-dir"]),
-    "checkpoint dir is a file": (lambda t: [*TRAIN, "--checkpoint-dir", _file(t)], ["--checkpoint-dir", "is a file"]),
-    "checkpoints without --resume": (lambda t: [*TRAIN, "--checkpoint-dir", _ckpt(t, GOOD_HEADER)],
-                                     ["already holds checkpoints", "--resume"]),
-    "checkpoint of another model": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir",
-                                               _ckpt(t, {**GOOD_HEADER, "workload": "mnist"})],
-                                    ["workload 'mnist'", "resume with --workload mnist", "new --checkpoint-dir"]),
-    "checkpoint missing a rank's file": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir",
-                                                    _ckpt(t, {**GOOD_HEADER, "world_size": 4}, ranks=3)],
-                                         ["step 10: ranks [0, 1, 2]", "restore the missing files"]),
-    "corrupted checkpoint": (lambda t: [*TRAIN, "--resume", "--checkpoint-dir", _ckpt(t, GOOD_HEADER, damage=True)],
-                             ["is damaged", "sha256", "delete it"]),
-    "unknown straggler method": (lambda t: ["bench-straggler", "--methods", "dssync,carrier-pigeon", "--steps", "5"],
-                                 ["carrier-pigeon", "choose from"]),
-    "topology: not TOML": (lambda t: ["cluster", "up", topology(t, "racks = = 2")], ["not valid TOML"]),
-    "topology: missing keys": (lambda t: ["cluster", "up", topology(t, 'name = "x"\n')], ["missing [cluster]"]),
-    "topology: negative rate": (lambda t: ["cluster", "up", topology(t, CLUSTER + "host_rate_mbit = -5\n")],
-                                ["host_rate_mbit", "positive"]),
-    "topology: unknown rack": (lambda t: ["cluster", "up", topology(
-        t, CLUSTER + 'host_rate_mbit = 100\nrack_uplink_mbit = 50\n[[event]]\nlink = "rack_uplink:7"\nrate_mbit = 10\nat_s = 1\n')],
-        ["rack_uplink:7"]),
+    "checkpoint dir is a file": (
+        lambda t: [*TRAIN, "--checkpoint-dir", _file(t)],
+        ["--checkpoint-dir", "is a file"],
+    ),
+    "checkpoints without --resume": (
+        lambda t: [*TRAIN, "--checkpoint-dir", _ckpt(t, GOOD_HEADER)],
+        ["already holds checkpoints", "--resume"],
+    ),
+    "checkpoint of another model": (
+        lambda t: [
+            *TRAIN,
+            "--resume",
+            "--checkpoint-dir",
+            _ckpt(t, {**GOOD_HEADER, "workload": "mnist"}),
+        ],
+        ["workload 'mnist'", "resume with --workload mnist", "new --checkpoint-dir"],
+    ),
+    "checkpoint missing a rank's file": (
+        lambda t: [
+            *TRAIN,
+            "--resume",
+            "--checkpoint-dir",
+            _ckpt(t, {**GOOD_HEADER, "world_size": 4}, ranks=3),
+        ],
+        ["step 10: ranks [0, 1, 2]", "restore the missing files"],
+    ),
+    "corrupted checkpoint": (
+        lambda t: [*TRAIN, "--resume", "--checkpoint-dir", _ckpt(t, GOOD_HEADER, damage=True)],
+        ["is damaged", "sha256", "delete it"],
+    ),
+    "unknown straggler method": (
+        lambda t: ["bench-straggler", "--methods", "dssync,carrier-pigeon", "--steps", "5"],
+        ["carrier-pigeon", "choose from"],
+    ),
+    "topology: not TOML": (
+        lambda t: ["cluster", "up", topology(t, "racks = = 2")],
+        ["not valid TOML"],
+    ),
+    "topology: missing keys": (
+        lambda t: ["cluster", "up", topology(t, 'name = "x"\n')],
+        ["missing [cluster]"],
+    ),
+    "topology: negative rate": (
+        lambda t: ["cluster", "up", topology(t, CLUSTER + "host_rate_mbit = -5\n")],
+        ["host_rate_mbit", "positive"],
+    ),
+    "topology: unknown rack": (
+        lambda t: [
+            "cluster",
+            "up",
+            topology(
+                t,
+                CLUSTER
+                + 'host_rate_mbit = 100\nrack_uplink_mbit = 50\n[[event]]\nlink = "rack_uplink:7"\nrate_mbit = 10\nat_s = 1\n',
+            ),
+        ],
+        ["rack_uplink:7"],
+    ),
     "topology: file missing": (lambda t: ["cluster", "up", str(t / "none.toml")], ["none.toml"]),
 }
 

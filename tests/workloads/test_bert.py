@@ -72,10 +72,17 @@ def test_pydoc_default_learns_and_evaluates_on_a_fixed_masking():
 
 
 def test_text_and_squad_folder(tmp_path):
-    squad = {"data": [{"title": "t", "paragraphs": [
-        {"context": "The aardvark digs burrows at night. " * 20, "qas": []},
-        {"context": "The aardvark digs burrows at night. " * 20, "qas": []},
-    ]}]}
+    squad = {
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {"context": "The aardvark digs burrows at night. " * 20, "qas": []},
+                    {"context": "The aardvark digs burrows at night. " * 20, "qas": []},
+                ],
+            }
+        ]
+    }
     (tmp_path / "a.json").write_text(json.dumps(squad))
     (tmp_path / "b.txt").write_text("Zebras graze on the open plains all day long. " * 20)
     (tmp_path / "ignored.csv").write_text("x")

@@ -18,12 +18,15 @@ def write_cifar(root, hundred: bool = False, per_file: int = 6):
     rng = np.random.default_rng(0)
     folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
     folder.mkdir(parents=True)
-    names = ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + [
-        "test_batch"]
+    names = (
+        ["train", "test"] if hundred else [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    )
     key = b"fine_labels" if hundred else b"labels"
     for name in names:
-        d = {b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
-             key: rng.integers(0, 100 if hundred else 10, per_file).tolist()}
+        d = {
+            b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            key: rng.integers(0, 100 if hundred else 10, per_file).tolist(),
+        }
         with open(folder / name, "wb") as f:
             pickle.dump(d, f)
     return folder

@@ -21,7 +21,12 @@ def write_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
 
 def write_evals_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     """Every evaluation of the averaged model: method, seed, step, time_s and the metrics."""
-    rows = [{"method": m, "seed": r["config"]["seed"], **e} for m, rs in runs.items() for r in rs for e in r["evals"]]
+    rows = [
+        {"method": m, "seed": r["config"]["seed"], **e}
+        for m, rs in runs.items()
+        for r in rs
+        for e in r["evals"]
+    ]
     fields = list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -29,23 +34,38 @@ def write_evals_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
         w.writerows(rows)
 
 
-def plot_metric(path_time: Path, path_steps: Path, runs: dict[str, list[dict[str, Any]]], metric: str,
-                title: str) -> None:
+def plot_metric(
+    path_time: Path,
+    path_steps: Path,
+    runs: dict[str, list[dict[str, Any]]],
+    metric: str,
+    title: str,
+) -> None:
     """The averaged model's metric against training wall-clock time and against iterations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for path, xkey, xlabel in ((path_time, "time_s", "training time (s)"), (path_steps, "step", "iteration")):
+    for path, xkey, xlabel in (
+        (path_time, "time_s", "training time (s)"),
+        (path_steps, "step", "iteration"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (method, rs) in enumerate(runs.items()):
             color = f"C{i}"
             for j, r in enumerate(rs):
                 xs = [e[xkey] for e in r["evals"] if metric in e]
                 ys = [e[metric] for e in r["evals"] if metric in e]
-                ax.plot(xs, ys, color=color, marker="o", markersize=3, alpha=0.85,
-                        label=method if j == 0 else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    color=color,
+                    marker="o",
+                    markersize=3,
+                    alpha=0.85,
+                    label=method if j == 0 else None,
+                )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(metric)
         ax.set_title(title)

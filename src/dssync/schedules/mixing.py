@@ -33,10 +33,13 @@ def spectral_gap(schedule: Schedule, world_size: int, steps: int = 64, start: in
     0 means some ranks never mix (the schedule cannot reach consensus); larger is faster mixing;
     1 means one round of the mean matrix is exact averaging.
     """
-    mean = sum(
-        mixing_matrix(schedule.partition(t, world_size), world_size)
-        for t in range(start, start + steps)
-    ) / steps
+    mean = (
+        sum(
+            mixing_matrix(schedule.partition(t, world_size), world_size)
+            for t in range(start, start + steps)
+        )
+        / steps
+    )
     eig = np.sort(np.abs(np.linalg.eigvalsh((mean + mean.T) / 2)))[::-1]
     second = eig[1] if world_size > 1 else 0.0
     return float(max(0.0, 1.0 - second))

@@ -79,18 +79,20 @@ class Topology:
         rates = [self.host_mbit[h] for h in sorted(set(self.hosts)) if h in self.host_mbit]
         return statistics.median(rates) if rates else None
 
-    def with_rates(self, host_mbit: dict[int, float] | None = None,
-                   uplink_mbit: float | None = None) -> Topology:
+    def with_rates(
+        self, host_mbit: dict[int, float] | None = None, uplink_mbit: float | None = None
+    ) -> Topology:
         """A copy with new rates; slow hosts are recomputed from the host rates."""
         hm = dict(self.host_mbit if host_mbit is None else host_mbit)
-        return replace(self, host_mbit=hm, uplink_mbit=uplink_mbit,
-                       slow_hosts=slow_hosts_of(hm))
+        return replace(self, host_mbit=hm, uplink_mbit=uplink_mbit, slow_hosts=slow_hosts_of(hm))
 
     def describe(self) -> str:
         rates = ", ".join(f"{h}:{v:.0f}" for h, v in sorted(self.host_mbit.items()))
         up = "?" if self.uplink_mbit is None else f"{self.uplink_mbit:.0f}"
-        return (f"Topology({self.world_size} ranks, {self.num_hosts} hosts, {self.num_racks} racks, "
-                f"host Mbit/s {{{rates}}}, uplink {up} Mbit/s, slow hosts {list(self.slow_hosts)})")
+        return (
+            f"Topology({self.world_size} ranks, {self.num_hosts} hosts, {self.num_racks} racks, "
+            f"host Mbit/s {{{rates}}}, uplink {up} Mbit/s, slow hosts {list(self.slow_hosts)})"
+        )
 
 
 def slow_hosts_of(host_mbit: dict[int, float]) -> tuple[int, ...]:

@@ -9,7 +9,11 @@ from dssync.workloads.mnist import MNIST, Digits
 from dssync.workloads.wrn import WRN
 
 WORKLOADS: dict[str, type[Workload]] = {
-    "mnist": MNIST, "digits": Digits, "wrn": WRN, "bert": BERT, "deepfm": DeepFMWorkload,
+    "mnist": MNIST,
+    "digits": Digits,
+    "wrn": WRN,
+    "bert": BERT,
+    "deepfm": DeepFMWorkload,
 }
 
 

@@ -63,11 +63,17 @@ class Workload(ABC):
         """The optimizer this workload trains with (SGD with momentum unless overridden)."""
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=1e-4)
 
-    def loader(self, data: Dataset, batch_size: int | None = None, shuffle: bool = False,
-               seed: int = 0) -> DataLoader:
+    def loader(
+        self, data: Dataset, batch_size: int | None = None, shuffle: bool = False, seed: int = 0
+    ) -> DataLoader:
         gen = torch.Generator().manual_seed(seed)
-        return DataLoader(data, batch_size=batch_size or self.batch_size, shuffle=shuffle,
-                          generator=gen, drop_last=shuffle)
+        return DataLoader(
+            data,
+            batch_size=batch_size or self.batch_size,
+            shuffle=shuffle,
+            generator=gen,
+            drop_last=shuffle,
+        )
 
 
 def shard(data: Dataset, rank: int, world_size: int, seed: int = 0) -> Dataset:
@@ -91,8 +97,9 @@ def classification_eval(model: nn.Module, data: Dataset, batch_size: int = 512) 
     return {"accuracy": correct / max(total, 1), "loss": loss_sum / max(total, 1)}
 
 
-def tensor_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = 0
-                 ) -> tuple[TensorDataset, TensorDataset]:
+def tensor_split(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int = 0
+) -> tuple[TensorDataset, TensorDataset]:
     """A seeded train/test split of arrays into two TensorDatasets."""
     order = np.random.default_rng(seed).permutation(len(x))
     n_test = int(len(x) * test_fraction)

@@ -32,17 +32,26 @@ class BertMLM(nn.Module):
         net(ids, ids == 0).shape                         # (32, 100)
     """
 
-    def __init__(self, vocab_size: int, seq_len: int = 64, dim: int = 128, layers: int = 2,
-                 heads: int = 4, dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int = 64,
+        dim: int = 128,
+        layers: int = 2,
+        heads: int = 4,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, dim)
         self.positions = nn.Embedding(seq_len, dim)
         self.norm = nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
-        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout, activation="gelu",
-                                           batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(dim),
-                                             enable_nested_tensor=False)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(
+            layer, layers, norm=nn.LayerNorm(dim), enable_nested_tensor=False
+        )
         self.head = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.LayerNorm(dim))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         nn.init.normal_(self.tokens.weight, std=0.02)
@@ -56,8 +65,9 @@ class BertMLM(nn.Module):
         return self.head(hidden) @ self.tokens.weight.T + self.bias
 
 
-def mlm_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-             reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def mlm_loss(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy on the masked positions, and the number of them predicted right."""
     picked = labels != -100
     logits = model(inputs, picked)
@@ -107,8 +117,10 @@ class BERT(Workload):
             ids = [i for d in docs for i in [*tok.encode(d), tok.stoi["[SEP]"]]]
             rows = chunk(ids, self.seq_len)
             if len(rows) < 2:
-                raise ValueError(f"corpus has {len(ids)} tokens, too few for two sequences "
-                                 f"of seq_len={self.seq_len}")
+                raise ValueError(
+                    f"corpus has {len(ids)} tokens, too few for two sequences "
+                    f"of seq_len={self.seq_len}"
+                )
             order = torch.from_numpy(np.random.default_rng(0).permutation(len(rows)))
             n_test = max(1, len(rows) // 10)
             test_rows, train_rows = rows[order[:n_test]], rows[order[n_test:]]
@@ -123,8 +135,13 @@ class BERT(Workload):
 
     def model(self) -> nn.Module:
         o = self.options
-        return BertMLM(len(self.tokenizer), self.seq_len, dim=int(o.get("dim", 128)),
-                       layers=int(o.get("layers", 2)), heads=int(o.get("heads", 4)))
+        return BertMLM(
+            len(self.tokenizer),
+            self.seq_len,
+            dim=int(o.get("dim", 128)),
+            layers=int(o.get("layers", 2)),
+            heads=int(o.get("heads", 4)),
+        )
 
     def datasets(self):
         _, train, test = self._load()

@@ -17,12 +17,18 @@ import torch
 from torch.utils.data import TensorDataset
 
 LAYOUTS = {
-    "cifar10": ("cifar-10-batches-py",
-                [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+        b"labels",
+    ),
     "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
 }
-EXPECTED = ("expected cifar-10-batches-py/{data_batch_1..5,test_batch} or "
-            "cifar-100-python/{train,test} (python-pickle CIFAR)")
+EXPECTED = (
+    "expected cifar-10-batches-py/{data_batch_1..5,test_batch} or "
+    "cifar-100-python/{train,test} (python-pickle CIFAR)"
+)
 
 
 def find_cifar(data_dir: str | Path, dataset: str | None = None) -> tuple[str, Path]:
@@ -50,19 +56,22 @@ def _read(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     return x, np.asarray(d[label_key], dtype=np.int64)
 
 
-def load_cifar(data_dir: str | Path, dataset: str | None = None
-               ) -> tuple[TensorDataset, TensorDataset, int]:
+def load_cifar(
+    data_dir: str | Path, dataset: str | None = None
+) -> tuple[TensorDataset, TensorDataset, int]:
     """(train, test, number of classes); images normalized by the training set's channel stats."""
     name, folder = find_cifar(data_dir, dataset)
     _, train_files, test_files, key = LAYOUTS[name]
     parts = [[_read(folder / f, key) for f in files] for files in (train_files, test_files)]
-    (xtr, ytr), (xte, yte) = [tuple(np.concatenate(a) for a in zip(*p, strict=True))
-                              for p in parts]
+    (xtr, ytr), (xte, yte) = [tuple(np.concatenate(a) for a in zip(*p, strict=True)) for p in parts]
     xtr_t = torch.from_numpy(xtr).float().div_(255)
     mean = xtr_t.mean(dim=(0, 2, 3), keepdim=True)
     std = xtr_t.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
     xte_t = (torch.from_numpy(xte).float().div_(255) - mean) / std
     xtr_t = (xtr_t - mean) / std
     classes = 10 if name == "cifar10" else 100
-    return (TensorDataset(xtr_t, torch.from_numpy(ytr)),
-            TensorDataset(xte_t, torch.from_numpy(yte)), classes)
+    return (
+        TensorDataset(xtr_t, torch.from_numpy(ytr)),
+        TensorDataset(xte_t, torch.from_numpy(yte)),
+        classes,
+    )

@@ -21,12 +21,15 @@ import torch
 from torch.utils.data import TensorDataset
 
 N_INT, N_CAT = 13, 26
-EXPECTED = ("expected data_dir/train.txt (and optional test.txt) in Criteo's tab-separated "
-            "format: label, 13 integer and 26 categorical columns")
+EXPECTED = (
+    "expected data_dir/train.txt (and optional test.txt) in Criteo's tab-separated "
+    "format: label, 13 integer and 26 categorical columns"
+)
 
 
-def read_criteo(path: str | Path, max_rows: int | None = None
-                ) -> tuple[np.ndarray | None, list[list[str]]]:
+def read_criteo(
+    path: str | Path, max_rows: int | None = None
+) -> tuple[np.ndarray | None, list[list[str]]]:
     """Labels (None for an unlabelled file) and the 39 raw feature strings of each line."""
     labels: list[float] = []
     rows: list[list[str]] = []
@@ -56,23 +59,27 @@ def int_token(value: str) -> str:
     return str(int(math.log(v) ** 2)) if v > 2 else str(v)
 
 
-def index_fields(train: list[list[str]], others: list[list[list[str]]], min_count: int
-                 ) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
+def index_fields(
+    train: list[list[str]], others: list[list[list[str]]], min_count: int
+) -> tuple[np.ndarray, list[np.ndarray], list[int]]:
     """Index each column by frequency in ``train``; values seen fewer than ``min_count`` times
     (and empty ones) map to the field's id 0. Returns global ids and each field's size."""
     fields = len(train[0])
     vocabs, sizes = [], []
     for f in range(fields):
         counts = Counter(row[f] for row in train)
-        kept = sorted((v for v, c in counts.items() if c >= min_count and v != ""),
-                      key=lambda v: (-counts[v], v))
+        kept = sorted(
+            (v for v, c in counts.items() if c >= min_count and v != ""),
+            key=lambda v: (-counts[v], v),
+        )
         vocabs.append({v: i + 1 for i, v in enumerate(kept)})
         sizes.append(len(kept) + 1)
     offsets = np.cumsum([0] + sizes[:-1])
 
     def encode(rows: list[list[str]]) -> np.ndarray:
-        ids = np.array([[vocabs[f].get(r[f], 0) for f in range(fields)] for r in rows],
-                       dtype=np.int64).reshape(len(rows), fields)
+        ids = np.array(
+            [[vocabs[f].get(r[f], 0) for f in range(fields)] for r in rows], dtype=np.int64
+        ).reshape(len(rows), fields)
         return ids + offsets
 
     return encode(train), [encode(rows) for rows in others], sizes
@@ -88,8 +95,12 @@ def _pair(x: np.ndarray, y: np.ndarray) -> TensorDataset:
     return TensorDataset(torch.from_numpy(x), torch.from_numpy(y.astype(np.float32)))
 
 
-def load_criteo(data_dir: str | Path, min_count: int = 10, max_rows: int | None = None,
-                test_fraction: float = 0.1) -> tuple[TensorDataset, TensorDataset, list[int]]:
+def load_criteo(
+    data_dir: str | Path,
+    min_count: int = 10,
+    max_rows: int | None = None,
+    test_fraction: float = 0.1,
+) -> tuple[TensorDataset, TensorDataset, list[int]]:
     """(train, test, field sizes) from a Criteo folder; without a labelled test.txt, a seeded
     ``test_fraction`` of train.txt is held out."""
     root = Path(data_dir)
@@ -102,8 +113,10 @@ def load_criteo(data_dir: str | Path, min_count: int = 10, max_rows: int | None 
     if (root / "test.txt").is_file():
         y_test, rows_test = read_criteo(root / "test.txt", max_rows)
         if y_test is None:
-            warnings.warn("test.txt has no labels (Kaggle's does not); holding out part of "
-                          "train.txt instead", stacklevel=2)
+            warnings.warn(
+                "test.txt has no labels (Kaggle's does not); holding out part of train.txt instead",
+                stacklevel=2,
+            )
     if y_test is None:
         tr, te = _split(len(rows), test_fraction)
         rows_test, y_test = [rows[i] for i in te], y[te]
@@ -112,8 +125,9 @@ def load_criteo(data_dir: str | Path, min_count: int = 10, max_rows: int | None 
     return _pair(x, y), _pair(x_test, y_test), sizes
 
 
-def breast_cancer_fields(bins: int = 10, test_fraction: float = 0.2
-                         ) -> tuple[TensorDataset, TensorDataset, list[int]]:
+def breast_cancer_fields(
+    bins: int = 10, test_fraction: float = 0.2
+) -> tuple[TensorDataset, TensorDataset, list[int]]:
     """scikit-learn's bundled breast cancer set (569 rows, 30 numeric features), each feature
     cut into ``bins`` quantile bins of the training split so it acts as a categorical field."""
     from sklearn.datasets import load_breast_cancer

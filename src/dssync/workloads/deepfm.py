@@ -23,8 +23,14 @@ class DeepFM(nn.Module):
         net(torch.randint(0, 100, (5, 4))).shape    # (5,)
     """
 
-    def __init__(self, vocab: int, fields: int, dim: int = 8,
-                 hidden: tuple[int, ...] = (64, 64), dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        fields: int,
+        dim: int = 8,
+        hidden: tuple[int, ...] = (64, 64),
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.first = nn.Embedding(vocab, 1)
         self.embed = nn.Embedding(vocab, dim)
@@ -40,8 +46,8 @@ class DeepFM(nn.Module):
         nn.init.normal_(self.embed.weight, std=1e-2)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        e = self.embed(ids)                                       # (B, F, dim)
-        fm = 0.5 * (e.sum(1).pow(2) - e.pow(2).sum(1)).sum(1)     # pairwise <e_i, e_j>
+        e = self.embed(ids)  # (B, F, dim)
+        fm = 0.5 * (e.sum(1).pow(2) - e.pow(2).sum(1)).sum(1)  # pairwise <e_i, e_j>
         linear = self.first(ids).sum((1, 2))
         deep = self.mlp(e.flatten(1)).squeeze(1)
         return self.bias + linear + fm + deep
@@ -88,17 +94,23 @@ class DeepFMWorkload(Workload):
             else:
                 max_rows = o.get("max_rows")
                 self._data = load_criteo(
-                    self.data_dir, min_count=int(o.get("min_count", 10)),
+                    self.data_dir,
+                    min_count=int(o.get("min_count", 10)),
                     max_rows=None if max_rows is None else int(max_rows),
-                    test_fraction=float(o.get("test_fraction", 0.1)))
+                    test_fraction=float(o.get("test_fraction", 0.1)),
+                )
         return self._data
 
     def model(self) -> nn.Module:
         *_, sizes = self._load()
         o = self.options
-        return DeepFM(sum(sizes), len(sizes), dim=int(o.get("dim", 8)),
-                      hidden=_hidden(o.get("hidden", (64, 64))),
-                      dropout=float(o.get("dropout", 0.0)))
+        return DeepFM(
+            sum(sizes),
+            len(sizes),
+            dim=int(o.get("dim", 8)),
+            hidden=_hidden(o.get("hidden", (64, 64))),
+            dropout=float(o.get("dropout", 0.0)),
+        )
 
     def datasets(self):
         train, test, _ = self._load()
@@ -122,8 +134,7 @@ class DeepFMWorkload(Workload):
         z, y = torch.cat(logits), torch.cat(labels)
         logloss = nn.functional.binary_cross_entropy_with_logits(z, y).item()
         y_np = y.numpy()
-        auc = (float(roc_auc_score(y_np, z.numpy())) if len(np.unique(y_np)) == 2
-               else float("nan"))
+        auc = float(roc_auc_score(y_np, z.numpy())) if len(np.unique(y_np)) == 2 else float("nan")
         return {"auc": auc, "logloss": logloss, "loss": logloss}
 
     def optimizer(self, params) -> torch.optim.Optimizer:

@@ -93,8 +93,9 @@ def chunk(ids: list[int], seq_len: int) -> torch.Tensor:
     return torch.cat([cls, rows, sep], dim=1)
 
 
-def mask_tokens(ids: torch.Tensor, vocab_size: int, prob: float = 0.15,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor, vocab_size: int, prob: float = 0.15, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking: pick ``prob`` of the non-special tokens; of those 80% become [MASK],
     10% a random word, 10% stay. Returns (inputs, labels) with labels -100 where not picked."""
     special = ids < len(SPECIALS)
@@ -103,7 +104,9 @@ def mask_tokens(ids: torch.Tensor, vocab_size: int, prob: float = 0.15,
     picked = (torch.rand(ids.shape, generator=generator) < prob).to(ids.device) & ~special
     labels = torch.where(picked, ids, torch.full_like(ids, -100))
     roll = torch.rand(ids.shape, generator=generator).to(ids.device)
-    randoms = torch.randint(len(SPECIALS), vocab_size, ids.shape, generator=generator).to(ids.device)
+    randoms = torch.randint(len(SPECIALS), vocab_size, ids.shape, generator=generator).to(
+        ids.device
+    )
     inputs = torch.where(picked & (roll < 0.8), torch.full_like(ids, MASK), ids)
     inputs = torch.where(picked & (roll >= 0.8) & (roll < 0.9), randoms, inputs)
     return inputs, labels

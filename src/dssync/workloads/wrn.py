@@ -18,8 +18,9 @@ class _Block(nn.Module):
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.shortcut = (nn.Conv2d(cin, cout, 1, stride, bias=False)
-                         if cin != cout or stride != 1 else None)
+        self.shortcut = (
+            nn.Conv2d(cin, cout, 1, stride, bias=False) if cin != cout or stride != 1 else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         o = torch.relu(self.bn1(x))
@@ -35,8 +36,10 @@ def blocks_per_group(depth: int) -> int:
     for extra in (4, 2):
         if depth >= 6 + extra and (depth - extra) % 6 == 0:
             return (depth - extra) // 6
-    raise ValueError(f"WideResNet depth={depth} must be 6n+4 or 6n+2 with n >= 1 "
-                     "(10, 16, 22, 28, ... or 8, 14, 20, 26, ...)")
+    raise ValueError(
+        f"WideResNet depth={depth} must be 6n+4 or 6n+2 with n >= 1 "
+        "(10, 16, 22, 28, ... or 8, 14, 20, 26, ...)"
+    )
 
 
 class WideResNet(nn.Module):
@@ -49,8 +52,9 @@ class WideResNet(nn.Module):
         logits = net(torch.zeros(4, 1, 28, 28))   # shape (4, 10)
     """
 
-    def __init__(self, depth: int = 10, width: int = 2, in_channels: int = 3,
-                 classes: int = 10) -> None:
+    def __init__(
+        self, depth: int = 10, width: int = 2, in_channels: int = 3, classes: int = 10
+    ) -> None:
         super().__init__()
         n = blocks_per_group(depth)
         widths = [16, 16 * width, 32 * width, 64 * width]
@@ -77,9 +81,13 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True) -> torch.
     # Drawn on the CPU (torch's global generator, as before) and moved to the batch's device.
     dy = torch.randint(0, 2 * pad + 1, (n,)).to(x.device)
     dx = torch.randint(0, 2 * pad + 1, (n,)).to(x.device)
-    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None].expand(n, x.shape[1], h, w + 2 * pad)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None].expand(
+        n, x.shape[1], h, w + 2 * pad
+    )
     out = padded.gather(2, rows)
-    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :].expand(n, x.shape[1], h, w)
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :].expand(
+        n, x.shape[1], h, w
+    )
     out = out.gather(3, cols)
     if flip:
         mirror = (torch.rand(n) < 0.5).to(x.device)
