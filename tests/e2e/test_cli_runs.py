@@ -31,7 +31,7 @@ def test_train_writes_the_json_summary(tmp_path):
         "--workload",
         "digits",
         "--workers",
-        "3",
+        "4",
         "--group-size",
         "2",
         "--epochs",
@@ -44,7 +44,7 @@ def test_train_writes_the_json_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert KEYS <= set(data)
-    assert len(data["worker_accuracy"]) == 3 and 0.5 < data["final_accuracy"] <= 1
+    assert len(data["worker_accuracy"]) == 4 and 0.5 < data["final_accuracy"] <= 1
     # Checks against clocks read independently of the step timer: the strategy's own sync timer
     # fits inside the step (compute = step - sync stays positive), the timed steps fit inside the
     # loop's wall time and make up most of it, and the loop fits inside the command's wall time.
