@@ -61,7 +61,7 @@ def _builds() -> dict[str, tuple[str, str]]:
     for name in choices():
         module = nn.Linear(3, 2)
         opt = torch.optim.SGD(module.parameters(), lr=0.1)
-        cfg = TrainConfig(sync=name, period=4, timeout_s=30)
+        cfg = TrainConfig(sync=name, repeat=4, replan_every=4, timeout_s=30)
         s = build_strategy(cfg, module, opt, topology=topo)
         schedule = getattr(s, "schedule", None)
         extra = type(schedule).__name__ if schedule is not None else ""

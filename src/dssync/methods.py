@@ -82,7 +82,7 @@ def _bucket_bytes(cfg: TrainConfig) -> int:
 def _dssync(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
+    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat)
     return DSSync(
         module,
         schedule=schedule,
@@ -116,7 +116,7 @@ def _dssync_topo(
     return AdaptiveDSSync(
         module,
         topology,
-        replan_every=cfg.period or 8,
+        replan_every=cfg.replan_every,
         group_size=cfg.group_size,
         seed=cfg.seed,
         optimizer=opt if cfg.average_momentum else None,
@@ -128,7 +128,7 @@ def _dssync_topo(
 def _dssync_overlap(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, period=cfg.period)
+    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat)
     return OverlapDSSync(
         module,
         schedule=schedule,
@@ -144,7 +144,7 @@ def _dssync_topo_overlap(
     return TopoOverlapDSSync(
         module,
         topology,
-        max_every=cfg.period or 8,
+        max_every=cfg.replan_every,
         group_size=cfg.group_size,
         seed=cfg.seed,
         optimizer=opt if cfg.average_momentum else None,

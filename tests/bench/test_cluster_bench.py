@@ -39,9 +39,9 @@ def test_recovery_counts_steps_after_contention():
         t += v
         timeline.append({"step": i, "end": t, "iter_s": v})
     applied = [(timeline[10]["end"] - 0.1, 100.0), (timeline[20]["end"] - 0.1, 1000.0)]
-    out = recovery(timeline, applied, warmup=2, period=4)
+    out = recovery(timeline, applied, warmup=2, repeat=4)
     assert out["contention_steps"] == [10, 20] and out["pre_contention_iter_s"] == 1.0
-    assert out["recovery_steps"] == 3 and out["recovery_periods"] == 0.75
+    assert out["recovery_steps"] == 3 and out["recovery_cycles"] == 0.75
 
 
 @pytest.mark.root

@@ -61,7 +61,7 @@ def _no_groups_after_construction(steps: int, schedule):
     [
         (4, Shuffle(2, seed=1), 0),  # pairs: point-to-point on the parent group
         (6, Shuffle(3, seed=1), 0),  # never repeats, groups of 3: point-to-point too
-        (6, Shuffle(3, seed=1, period=3), None),  # repeats: its groups made once, at construction
+        (6, Shuffle(3, seed=1, repeat=3), None),  # repeats: its groups made once, at construction
     ],
 )
 def test_no_group_is_created_after_construction(world, schedule, made):

@@ -28,7 +28,7 @@ from dssync.schedules import (
 ALL = [
     Shuffle(2, uneven=True),
     Shuffle(3, seed=5, uneven=True),
-    Shuffle(2, period=4, uneven=True),
+    Shuffle(2, repeat=4, uneven=True),
     Butterfly(2),
     Butterfly(3),
     Static(2, uneven=True),
@@ -59,7 +59,7 @@ def test_uneven_world_gives_groups_differing_by_one():
     assert sorted(len(g) for g in Shuffle(4, uneven=True).partition(7, 10)) == [3, 3, 4]
 
 
-@pytest.mark.parametrize("schedule", [Shuffle(3), Static(3), Shuffle(3, period=4)], ids=repr)
+@pytest.mark.parametrize("schedule", [Shuffle(3), Static(3), Shuffle(3, repeat=4)], ids=repr)
 def test_group_size_that_does_not_divide_is_refused(schedule):
     """Shuffle(3) on 4 ranks used to become pairs silently."""
     with pytest.raises(
@@ -86,8 +86,8 @@ def test_partitions_depend_only_on_seed_and_step_across_processes():
     ).partition(1, 8) != Shuffle(2, seed=2).partition(1, 8)
 
 
-def test_shuffle_period_repeats():
-    s = Shuffle(2, seed=3, period=3)
+def test_shuffle_repeat_repeats():
+    s = Shuffle(2, seed=3, repeat=3)
     assert [s.partition(t, 8) for t in range(3)] == [s.partition(t, 8) for t in range(3, 6)]
     assert s.cycle(8) == 3 and Shuffle(2).cycle(8) is None
 

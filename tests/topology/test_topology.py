@@ -82,24 +82,24 @@ def test_infer_rates_finds_slow_host_and_slow_uplink():
 @pytest.mark.parametrize("topo", [S2, S3, load_cluster("s4-dynamic").topology()])
 def test_topology_aware_covers_ranks_and_mixes(topo):
     s = plan_topology_aware(topo)
-    for t in range(2 * s.period):
+    for t in range(2 * s.repeat):
         check_partition(s.partition(t, 8), 8)
-    assert s.cycle(8) == s.period
-    assert spectral_gap(s, 8, steps=s.period) > 0.01
-    assert s.partition(3, 8) == plan_topology_aware(topo).partition(3 + s.period, 8)
+    assert s.cycle(8) == s.repeat
+    assert spectral_gap(s, 8, steps=s.repeat) > 0.01
+    assert s.partition(3, 8) == plan_topology_aware(topo).partition(3 + s.repeat, 8)
 
 
 def test_crossings_are_rare_and_narrow():
     s = plan_topology_aware(S2)
-    crossings = [s.crossings(t, 8) for t in range(s.period)]
+    crossings = [s.crossings(t, 8) for t in range(s.repeat)]
     assert s.cross_every == 8
-    assert sum(1 for c in crossings if c) == 1  # once per period
+    assert sum(1 for c in crossings if c) == 1  # once per cycle
     assert all(len(c) <= 1 and all(len(g) == 2 for g in c) for c in crossings)  # one pair
 
 
 def test_slow_host_syncs_rarely_in_pairs():
     s = plan_topology_aware(S3)
-    groups = [next(g for g in s.partition(t, 8) if 3 in g) for t in range(s.period)]
+    groups = [next(g for g in s.partition(t, 8) if 3 in g) for t in range(s.repeat)]
     assert s.slow == (3,) and s.slow_every == 8
     assert sum(len(g) > 1 for g in groups) == 1 and max(len(g) for g in groups) == 2
 

@@ -82,7 +82,7 @@ def lower_bound(
     spec: ClusterSpec,
     method: str,
     nbytes: float,
-    period: int = 8,
+    repeat: int = 8,
     rates: dict[str, float | None] | None = None,
 ) -> float | None:
     """Seconds per iteration that the link rates allow ``method`` at best (sync only).
@@ -98,11 +98,11 @@ def lower_bound(
     if method == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if method == "dssync":
-        return schedule_bound(spec, Shuffle(2, seed=0, period=period), nbytes, period, rates)
+        return schedule_bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
     if method == "dssync-topo":
         topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
-        schedule = plan_topology_aware(topo, max_every=period)
-        return schedule_bound(spec, schedule, nbytes, schedule.period, rates)
+        schedule = plan_topology_aware(topo, max_every=repeat)
+        return schedule_bound(spec, schedule, nbytes, schedule.repeat, rates)
     return None

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--params", type=int, default=10_000_000)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--period", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=8)
     p.add_argument("--probe", action="store_true")
     p.add_argument("--compute-ms", type=float, default=0.0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
             sync=a.method,
             schedule="shuffle",
             group_size=2,
-            period=a.period,
+            repeat=a.repeat,
+            replan_every=a.repeat,
             seed=0,
             timeout_s=a.timeout,
             device=a.device,

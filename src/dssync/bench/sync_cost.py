@@ -61,7 +61,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run on every rank of an initialized process group; returns medians in seconds."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    schedule = Shuffle(group_size, seed=seed, period=8)
+    schedule = Shuffle(group_size, seed=seed, repeat=8)
     torch.manual_seed(0)
     model = FlatModel(numel)
     sync = DSSync(model, schedule=schedule, bucket_bytes=int(bucket_mb * 2**20))

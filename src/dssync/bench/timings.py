@@ -44,11 +44,11 @@ def summarize(ranks: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 
 def recovery(
-    timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int, period: int
+    timeline: list[dict[str, Any]], applied: list[tuple[float, float]], warmup: int, repeat: int
 ) -> dict[str, Any]:
     """Paces before, during and after contention, and how many steps the pace took to come back."""
     if len(applied) < 2:
-        return {"recovery_steps": None, "recovery_periods": None}
+        return {"recovery_steps": None, "recovery_cycles": None}
     t_on, t_off = applied[0][0], applied[-1][0]
     step_at = lambda t: next((p["step"] for p in timeline if p["end"] >= t), len(timeline))  # noqa: E731
     on, off = step_at(t_on), step_at(t_off)
@@ -57,8 +57,8 @@ def recovery(
     during = statistics.median(iters[on:off]) if off > on else None
     back = None
     if pre is not None:
-        for k in range(off, len(iters) - period + 1):
-            if statistics.median(iters[k : k + period]) <= RECOVERED * pre:
+        for k in range(off, len(iters) - repeat + 1):
+            if statistics.median(iters[k : k + repeat]) <= RECOVERED * pre:
                 back = k
                 break
     steps = None if back is None else back - off
@@ -68,5 +68,5 @@ def recovery(
         "contention_iter_s": during,
         "post_contention_iter_s": statistics.median(iters[back:]) if back is not None else None,
         "recovery_steps": steps,
-        "recovery_periods": None if steps is None else steps / period,
+        "recovery_cycles": None if steps is None else steps / repeat,
     }

@@ -53,11 +53,11 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     help="Steps for scenarios with timed link changes (S4).",
 )
 @click.option(
-    "--period",
+    "--repeat",
     type=click.IntRange(1),
     default=8,
     show_default=True,
-    help="Adjustment period R of dssync-topo (steps).",
+    help="Repeat length of the shuffled schedules and dssync-topo's re-planning interval (steps).",
 )
 @click.option("--warmup", type=click.IntRange(1), default=3, show_default=True)
 @click.option(
@@ -108,7 +108,7 @@ def bench(
     params,
     steps,
     dynamic_steps,
-    period,
+    repeat,
     warmup,
     probe,
     timeout_s,
@@ -127,7 +127,7 @@ def bench(
         steps=steps,
         dynamic_steps=dynamic_steps,
         warmup=warmup,
-        period=period,
+        repeat=repeat,
         probe=probe,
         timeout_s=timeout_s,
         out_dir=out,

@@ -46,7 +46,7 @@ class Router:
 
     Example::
 
-        router = Router(None, Shuffle(3, seed=0, period=8))
+        router = Router(None, Shuffle(3, seed=0, repeat=8))
         router.average([0, 2, 5], kind=STEP, step=4, tensors=list(model.parameters()))
     """
 

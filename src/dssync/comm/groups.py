@@ -22,7 +22,7 @@ class GroupCache:
     When ``process_group`` is a strict subset of the world, ranks outside it cannot join in
     creating groups, so each rank creates only its own groups (``use_local_synchronization``);
     such groups cannot be safely re-created, so the cache then never evicts and refuses to grow
-    past ``max_groups`` (use a schedule with a period).
+    past ``max_groups`` (use a schedule that repeats).
 
     Example::
 
@@ -92,7 +92,7 @@ class GroupCache:
         if self.local and len(self._groups) >= self.max_groups:
             raise RuntimeError(
                 f"more than max_groups={self.max_groups} distinct groups inside a process group that is "
-                "not the whole world; use a schedule that repeats, e.g. Shuffle(k, period=8), or raise max_groups"
+                "not the whole world; use a schedule that repeats, e.g. Shuffle(k, repeat=8), or raise max_groups"
             )
         while len(self._groups) >= self.max_groups:
             victim = next((k for k in self._groups if k not in keep), None)

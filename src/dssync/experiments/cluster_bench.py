@@ -48,7 +48,7 @@ class BenchSettings:
     steps: int = 30
     dynamic_steps: int = 120
     warmup: int = 3
-    period: int = 8
+    repeat: int = 8
     probe: bool = True
     timeout_s: float = 600.0
     out_dir: Path = Path("dssync-bench")
@@ -106,8 +106,8 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         str(steps),
         "--warmup",
         str(s.warmup),
-        "--period",
-        str(s.period),
+        "--repeat",
+        str(s.repeat),
         "--timeout",
         str(min(s.timeout_s, 300.0)),
         "--out",
@@ -141,7 +141,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
     nbytes = 4 * s.params
-    out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.period)
+    out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat)
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
     out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
     out["steps"] = steps
@@ -149,8 +149,8 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         contended = {**spec.link_rates()}
         for e in spec.events[:1]:
             contended.update({k: e.rate_mbit for k in spec.expand_link(e.link)})
-        out["lower_bound_contended_s"] = lower_bound(spec, method, nbytes, s.period, contended)
-        out.update(recovery(out["timeline"], events.applied, s.warmup, s.period))
+        out["lower_bound_contended_s"] = lower_bound(spec, method, nbytes, s.repeat, contended)
+        out.update(recovery(out["timeline"], events.applied, s.warmup, s.repeat))
     return out
 
 

@@ -101,7 +101,7 @@ def schedules(
     topo = plan_topology_aware(known or topology_of(spec, rates), max_every=repeat)
     return {
         "dssync": Repeating(Shuffle(2, seed=0), repeat),
-        "dssync-topo": Repeating(topo, topo.period),
+        "dssync-topo": Repeating(topo, topo.repeat),
     }
 
 

@@ -109,7 +109,7 @@ def compare(
         raise UsageError(
             "the bench file has no settings.params; give the file `dssync bench --json` wrote"
         )
-    period = int(settings.get("period", 8))
+    repeat = int(settings.get("repeat", settings.get("period", 8)))  # older runs: "period"
     rows = []
     for scenario, runs in data["results"].items():
         try:
@@ -134,7 +134,7 @@ def compare(
                 spec,
                 method,
                 params,
-                period,
+                repeat,
                 latency_s,
                 link,
                 settings,
@@ -169,7 +169,7 @@ def _predicted_sync(
     spec: ClusterSpec,
     method: str,
     params: int,
-    period: int,
+    repeat: int,
     latency_s: float,
     rates: dict[str, float | None],
     settings: dict[str, Any],
@@ -186,7 +186,7 @@ def _predicted_sync(
             spec,
             params,
             0.0,
-            period,
+            repeat,
             latency_s,
             r,
             plan_from,

@@ -37,14 +37,14 @@ def bench_table(results: dict[str, dict[str, Any]], params: int, compute_ms: flo
     for scenario, methods in results.items():
         for method, r in methods.items():
             ratio = r.get("ratio_to_ddp")
-            rec = r.get("recovery_periods")
+            rec = r.get("recovery_cycles")
             rec_text = (
                 ""
                 if "recovery_steps" not in r
                 else (
                     "not recovered"
                     if rec is None
-                    else f"{r['recovery_steps']} steps ({rec:.2f} periods)"
+                    else f"{r['recovery_steps']} steps ({rec:.2f} cycles)"
                 )
             )
             hidden = r.get("ratio_to_hidden")

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dssync.errors import UsageError
 from dssync.schedules.base import (
     Partition,
     Schedule,
@@ -19,37 +20,37 @@ from dssync.schedules.base import (
 class Shuffle(Schedule):
     """A fresh random partition into groups of ``group_size`` at every step.
 
-    With ``period=P`` the schedule cycles through P random partitions, so every group it will
+    With ``repeat=P`` the schedule cycles through P random partitions, so every group it will
     ever use is known (and created) up front. Partitions depend only on (seed, step).
     ``group_size`` must divide the world size unless ``uneven=True``, which accepts groups that
     differ in size by one (3 ranks in pairs: a pair and a rank alone).
 
     Example::
 
-        >>> s = Shuffle(2, seed=1, period=3)
+        >>> s = Shuffle(2, seed=1, repeat=3)
         >>> s.partition(0, 4) == s.partition(3, 4)
         True
     """
 
     def __init__(
-        self, group_size: int = 2, seed: int = 0, period: int | None = None, uneven: bool = False
+        self, group_size: int = 2, seed: int = 0, repeat: int | None = None, uneven: bool = False
     ) -> None:
         check_group_size(group_size)
-        if period is not None and (not isinstance(period, int) or period < 1):
-            raise ValueError(f"period={period!r} must be a positive integer or None (no repeat)")
+        if repeat is not None and (not isinstance(repeat, int) or repeat < 1):
+            raise UsageError(f"repeat={repeat!r} must be a positive integer or None (no repeat)")
         self.group_size = group_size
         self.seed = seed
-        self.period = period
+        self.repeat = repeat
         self._uneven = uneven  # not in describe(): it changes no partition it allows
 
     def partition(self, step: int, world_size: int) -> Partition:
         check_group_size(self.group_size, world_size, self._uneven)
-        key = step % self.period if self.period else step
+        key = step % self.repeat if self.repeat else step
         order = np.random.default_rng([self.seed, key]).permutation(world_size)
         return split_even(order.tolist(), self.group_size)
 
     def cycle(self, world_size: int) -> int | None:
-        return self.period
+        return self.repeat
 
 
 class Butterfly(Schedule):

@@ -9,11 +9,11 @@ SCHEDULE_NAMES = ("shuffle", "butterfly", "static", "global")
 
 
 def schedule_from_name(
-    name: str, group_size: int = 2, seed: int = 0, period: int | None = None, uneven: bool = False
+    name: str, group_size: int = 2, seed: int = 0, repeat: int | None = None, uneven: bool = False
 ) -> Schedule:
     """Build a schedule from its command-line name."""
     if name == "shuffle":
-        return Shuffle(group_size, seed=seed, period=period, uneven=uneven)
+        return Shuffle(group_size, seed=seed, repeat=repeat, uneven=uneven)
     if name == "butterfly":
         return Butterfly(group_size)
     if name == "static":

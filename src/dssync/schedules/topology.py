@@ -102,11 +102,6 @@ class TopologyAware(Schedule):
         self.repeat = math.lcm(cross_every * self.rounds, slow_every, base_period)
 
     @property
-    def period(self) -> int:
-        """The old name of :attr:`repeat`, kept for callers that still use it."""
-        return self.repeat
-
-    @property
     def world(self) -> int:
         return sum(len(d) for d in self.domains)
 

@@ -23,7 +23,8 @@ class TrainConfig:
     sync: str = "dssync"
     schedule: str = "shuffle"
     group_size: int = 2
-    period: int | None = None
+    repeat: int | None = None
+    replan_every: int = 8
     epochs: int = 3
     seed: int = 0
     batch_size: int | None = None
