@@ -21,7 +21,9 @@ def test_readme_library_example_runs_and_ends_with_one_model(tmp_path):
     assert "loader" in code and "DSSync(" in code and "average_all()" in code
     r = gpu_check.run_example(code, tmp_path, ranks=2, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    found = sorted(re.findall(r"rank (\d) model ([0-9a-f]{64}) device (\S+)", r.stdout))
+    found = sorted(
+        re.findall(r"rank (\d) model ([0-9a-f]{64}) device (cpu|cuda(?::\d+)?)", r.stdout)
+    )
     assert [f[0] for f in found] == ["0", "1"], r.stdout + r.stderr[-2000:]
     assert found[0][1] == found[1][1]  # average_all() left both ranks bit-identical
 

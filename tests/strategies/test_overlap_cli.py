@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from cli_run import DIGITS, load, run  # noqa: E402
+from cli_run import DIGITS, FAULT_CLI, load, run  # noqa: E402
 
 
 @pytest.mark.timeout(400)
@@ -20,11 +20,11 @@ def test_overlap_trains_and_resumes_bit_for_bit(tmp_path):
     assert a["final_metric"] > 0.5  # digits, one epoch: well above chance
 
     ckpt, out = tmp_path / "ckpt", tmp_path / "run.json"
-    crash = ["train", *DIGITS, "--sync", "dssync-overlap", "--checkpoint-dir", str(ckpt),
+    crash = [FAULT_CLI, "train", *DIGITS, "--sync", "dssync-overlap", "--checkpoint-dir", str(ckpt),
              "--checkpoint-every", "10", "--resume", "--timeout", "20", "--crash-rank", "1",
              "--crash-at-step", "25", "--json", str(out)]  # fmt: skip
-    assert run(crash, timeout=150).returncode == 1
-    r = run(crash, timeout=150)
+    assert run(crash, timeout=150, module=None).returncode == 1
+    r = run(crash, timeout=150, module=None)
     assert r.returncode == 0, r.stderr[-3000:]
     b = load(out)
     assert b["resumed_from"] == 20

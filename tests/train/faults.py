@@ -81,9 +81,7 @@ class InsideCollective(StepHook):
         "batch_isend_irecv",
         "send",
         "recv",
-        "isend",
-        "irecv",
-    )
+    )  # not isend/irecv: P2POp checks that its op *is* torch's own (batch_isend_irecv is wrapped)
 
     def __init__(
         self,

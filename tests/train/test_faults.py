@@ -21,7 +21,7 @@ from dssync.launch import WorkerError, class_names, spawn
 from dssync.train import TrainConfig, train_worker
 
 TIMEOUT_S = 6.0
-WORLD = 3
+WORLD = 4
 FAULTY = 1
 
 
@@ -66,7 +66,9 @@ def test_survivors_raise_within_the_timeout(tmp_path, fault):
             timeout_s=180,
             collective_timeout_s=TIMEOUT_S,
         )
-    fault_at = json.loads((tmp_path / f"rank{FAULTY}.json").read_text())["fault_at"]
+    faulty = json.loads((tmp_path / f"rank{FAULTY}.json").read_text())
+    assert "fault_at" in faulty, f"the fault never happened: rank {FAULTY} said {faulty}"
+    fault_at = faulty["fault_at"]
     survivors = [r for r in range(WORLD) if r != FAULTY]
     seen = {
         r: json.loads((tmp_path / f"rank{r}.json").read_text())
