@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test lint bench-sync gpu-check clean
+.PHONY: install demo test test-all lint ci bench-sync gpu-check clean
 
 $(VENV)/.installed: pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
@@ -17,8 +17,15 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/dssync compare --workload mnist --workers 4 --epochs 3 --seeds 1 --methods bsp,dssync --out reports/demo
 
+# The quick suite (a few minutes on 2 cores): everything but the tests marked slow.
 test: install
+	$(PY) -m pytest -q -m "not slow"
+
+# Everything, the slow end-to-end runs included (what CI runs after the lint).
+test-all: install
 	$(PY) -m pytest -q
+
+ci: lint test-all
 
 lint: install
 	$(VENV)/bin/ruff check src tests

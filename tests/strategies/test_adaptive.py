@@ -71,3 +71,32 @@ def test_adjust_topology_finds_slow_uplink_and_host_and_recovers():
 
 def test_no_samples_keep_the_estimate():
     assert adjust_topology(TOPO, np.zeros((6, 5))) == TOPO
+
+
+def _resume(steps: int):
+    torch.manual_seed(0)
+    sync = SlowCrossing(nn.Linear(4, 2), TOPO, replan_every=4, min_signal_s=0.03)
+    for _ in range(steps):
+        time.sleep(0.002)
+        sync.step()
+    state = sync.state_dict()
+    fresh = AdaptiveDSSync(nn.Linear(4, 2), TOPO, replan_every=4)
+    before = fresh.schedule.describe()
+    fresh.load_state_dict(state)
+    ahead = [sync.schedule.partition(s, 6) for s in range(steps, steps + 8)]
+    return (
+        before,
+        sync.schedule.describe(),
+        fresh.schedule.describe(),
+        ahead,
+        fresh.switches,
+        [fresh.schedule.partition(s, 6) for s in range(steps, steps + 8)],
+    )
+
+
+def test_a_resumed_run_keeps_its_re_planned_groups():
+    for before, planned, resumed, ahead, switches, resumed_ahead in spawn(
+        _resume, 6, args=(20,), timeout_s=90
+    ):
+        assert switches and planned != before  # contention made it re-plan before the save
+        assert resumed == planned and resumed_ahead == ahead

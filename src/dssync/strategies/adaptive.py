@@ -125,20 +125,32 @@ class AdaptiveDSSync(DSSync):
             self._prepare_cycle()
             self.switches.append((self.steps, plan.describe()))
 
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = int(state["steps"])
+    def state_dict(self) -> dict:
+        """The step plus what re-planning learned: the estimated rates, the timings since the
+        last adjustment and the switches, so a resumed run keeps its re-planned groups."""
+        return {
+            "steps": self.steps,
+            "host_mbit": {str(h): float(r) for h, r in self.topology.host_mbit.items()},
+            "uplink_mbit": self.topology.uplink_mbit,
+            "local": list(self._local),
+            "cross": list(self._cross),
+            "switches": [[s, d] for s, d in self.switches],
+        }
 
-    @classmethod
-    def from_config(cls, cfg, module: nn.Module, opt: torch.optim.Optimizer) -> AdaptiveDSSync:
-        """Builder for the ``STRATEGIES`` registry (``--sync dssync-topo``)."""
-        return cls(
-            module,
-            group_size=cfg.group_size,
-            seed=cfg.seed,
-            optimizer=opt if cfg.average_momentum else None,
-            bucket_bytes=int(cfg.bucket_mb * 2**20),
-            timeout_s=cfg.timeout_s,
-        )
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved step on the saved plan (every rank loads alike: collective)."""
+        self.steps = int(state["steps"])
+        if "host_mbit" not in state:  # a checkpoint from before re-plans were saved
+            return
+        rates = {int(h): float(r) for h, r in state["host_mbit"].items()}
+        self.topology = self.topology.with_rates(rates, state["uplink_mbit"])
+        self._local = [float(t) for t in state["local"]]
+        self._cross = [float(t) for t in state["cross"]]
+        self.switches = [(int(s), str(d)) for s, d in state["switches"]]
+        plan = self._plan(self.topology)
+        if plan.describe() != self.schedule.describe():
+            self.schedule = plan
+            self._prepare_cycle()
 
 
 def own_stats(local: list[float], cross: list[float]) -> list[float]:

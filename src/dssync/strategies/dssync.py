@@ -215,7 +215,7 @@ class DSSync(Strategy, Joinable):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("schedule") != self.schedule.describe():
-            raise ValueError(
+            raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
                 f"{self.schedule.describe()}; resume with the same --schedule, --group-size and --seed"
             )

@@ -141,8 +141,3 @@ class Hierarchical(Strategy):
 
     def average_all(self) -> None:
         """Nothing to do: every rank applies the same mean gradient."""
-
-    @classmethod
-    def from_config(cls, cfg, module: nn.Module, opt: torch.optim.Optimizer) -> Hierarchical:
-        """Builder for the ``STRATEGIES`` registry (``--sync hierarchical``)."""
-        return cls(module, bucket_bytes=int(cfg.bucket_mb * 2**20))
