@@ -22,6 +22,7 @@ from dssync.comm.agreement import check_module, check_start
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
+from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.strategies.base import Strategy, SyncTimer
 
