@@ -1,0 +1,30 @@
+"""Which tests are slow: whole runs of the CLI, real trainers, emulated clusters, big models.
+
+``make test`` skips them (``-m "not slow"``, a few minutes on 2 cores); ``make ci`` and CI run
+everything. A test is slow here by where it lives, so a new end-to-end file is slow by default.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SLOW = (
+    "tests/e2e/",
+    "tests/integrations/",
+    "tests/cluster/",
+    "tests/workloads/",
+    "tests/cli/",
+    "tests/bench/",
+    "tests/train/test_elastic_resume.py",
+    "tests/train/test_resume.py",
+    "tests/train/test_faults.py",
+    "tests/train/test_checkpoint_safety.py",
+    "tests/strategies/test_overlap_cli.py",
+    "tests/strategies/test_baselines.py::test_train_runs_a_baseline_through_the_registry",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
