@@ -147,6 +147,7 @@ def test_lower_layers_never_import_upper_ones(upper):
 # The README's layout, lowest first: each imports only from those before it.
 LAYERS = [
     "errors",
+    "hashing",
     "schedules",
     "comm",
     "topology",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from dssync.bench.sync_cost import measure
 from dssync.launch import spawn
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+from procs import run  # noqa: E402  (a session of its own: killed whole on timeout)
 
 
 def test_measure_reports_paired_overhead():
@@ -26,9 +29,8 @@ def test_measure_reports_paired_overhead():
 
 def test_cli_prints_and_writes_json(tmp_path):
     path = tmp_path / "b.json"
-    r = subprocess.run(
+    r = run(
         [
-            sys.executable,
             "-m",
             "dssync",
             "bench-sync",
@@ -41,8 +43,6 @@ def test_cli_prints_and_writes_json(tmp_path):
             "--json",
             str(path),
         ],
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     assert r.returncode == 0, r.stderr

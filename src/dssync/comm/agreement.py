@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch.distributed as dist
@@ -22,10 +21,11 @@ from torch import nn
 
 from dssync.comm.consensus import fingerprint_check, module_fingerprint
 from dssync.errors import UsageError
+from dssync.hashing import fingerprint
 
 
 def _hash(value: object) -> int:
-    return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little") >> 1
+    return fingerprint(repr(value))
 
 
 def check_module(module: nn.Module) -> None:

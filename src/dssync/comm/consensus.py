@@ -16,6 +16,7 @@ from torch import nn
 
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
+from dssync.hashing import fingerprint
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
@@ -85,7 +86,5 @@ def _minority(column: list[int]) -> list[int]:
 
 def module_fingerprint(tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
     """A 63-bit hash of names, shapes and dtypes (not values) of named tensors."""
-    import hashlib
-
     text = ";".join(f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in tensors)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+    return fingerprint(text)

@@ -24,13 +24,13 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dssync.errors import SyncError
+from dssync.hashing import fingerprint
 
 STEP, ALL, AVERAGER, BROADCAST = 1, 2, 3, 4
 KIND_NAMES = {
@@ -64,7 +64,7 @@ class Tag:
 def layout_of(buffers: Sequence[torch.Tensor]) -> int:
     """A 63-bit fingerprint of the sizes and dtypes of ``buffers``, in order."""
     text = ";".join(f"{b.numel()}:{b.dtype}" for b in buffers)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+    return fingerprint(text)
 
 
 def decode(t: torch.Tensor) -> Tag:

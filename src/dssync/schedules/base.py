@@ -7,10 +7,10 @@ is a list of disjoint groups, sorted by first rank, that covers every rank exact
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from dssync import hashing
 from dssync.errors import UsageError
 
 Group = list[int]
@@ -51,7 +51,7 @@ class Schedule(ABC):
         Ranks compare fingerprints at start-up to catch a schedule that differs across ranks.
         """
         text = self.describe() + repr([self.partition(s, world_size) for s in range(steps)])
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+        return hashing.fingerprint(text)
 
     def __repr__(self) -> str:
         return self.describe()
