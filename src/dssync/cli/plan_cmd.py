@@ -62,7 +62,7 @@ TABLE_TOPOLOGIES = (
     "--table",
     "scales",
     is_flag=True,
-    help=f"Tables for the shipped topologies and the generated fabrics at {', '.join(map(str, SCALES))} workers.",
+    help=f"Tables for the shipped cluster specs and the generated fabrics at {', '.join(map(str, SCALES))} workers.",
 )
 @click.option(
     "--validate",

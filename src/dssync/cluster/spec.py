@@ -173,8 +173,8 @@ class ClusterSpec:
 
 
 def shipped_clusters() -> list[str]:
-    """Names of the cluster spec files shipped in ``dssync/topologies``."""
-    folder = resources.files("dssync") / "topologies"
+    """Names of the cluster spec files shipped in ``dssync/cluster/specs``."""
+    folder = resources.files("dssync.cluster") / "specs"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -184,7 +184,7 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     path = Path(text_name)
     if path.is_file():
         return parse_cluster(path.read_text(), source=str(path))
-    shipped = resources.files("dssync") / "topologies" / f"{text_name.removesuffix('.toml')}.toml"
+    shipped = resources.files("dssync.cluster") / "specs" / f"{text_name.removesuffix('.toml')}.toml"
     if not shipped.is_file():
         raise ClusterSpecError(
             f"cluster spec {text_name!r} is neither a file nor a shipped name; "
