@@ -84,8 +84,7 @@ def test_survivors_raise_within_the_timeout(tmp_path, fault):
         for s in seen.values()
         if "dssync.errors.SyncError" in s["classes"] and f"rank {FAULTY}" in s["message"]
     ]
-    if not named:
-        pytest.xfail(
-            "gloo reports a lost peer as a plain RuntimeError: the averaging core must raise "
-            f"PeerLost naming the rank; survivors said {[s['message'][:120] for s in seen.values()]}"
-        )
+    assert named, (
+        "the partner of the lost rank must raise PeerLost naming it; survivors said "
+        f"{[s['message'][:120] for s in seen.values()]}"
+    )

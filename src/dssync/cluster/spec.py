@@ -184,7 +184,9 @@ def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     path = Path(text_name)
     if path.is_file():
         return parse_cluster(path.read_text(), source=str(path))
-    shipped = resources.files("dssync.cluster") / "specs" / f"{text_name.removesuffix('.toml')}.toml"
+    shipped = (
+        resources.files("dssync.cluster") / "specs" / f"{text_name.removesuffix('.toml')}.toml"
+    )
     if not shipped.is_file():
         raise ClusterSpecError(
             f"cluster spec {text_name!r} is neither a file nor a shipped name; "

@@ -8,6 +8,7 @@ from dssync.strategies.dssync import DSSync
 from dssync.strategies.gossip import DPSGD
 from dssync.strategies.hierarchical import Hierarchical
 from dssync.strategies.local_sgd import LocalSGD
+from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
 
 __all__ = [
     "AdaptiveDSSync",
@@ -17,6 +18,8 @@ __all__ = [
     "FP16",
     "Hierarchical",
     "LocalSGD",
+    "OverlapDSSync",
     "PowerSGD",
     "Strategy",
+    "TopoOverlapDSSync",
 ]

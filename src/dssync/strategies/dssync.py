@@ -106,6 +106,7 @@ class DSSync(Strategy, Joinable):
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
                 broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
+        self._line: torch.Tensor | None = None  # line_up's one element, made on first use
         self._prepare_cycle()
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -161,8 +162,13 @@ class DSSync(Strategy, Joinable):
         self._average(group, len(group))
 
     def line_up(self, group: list[int]) -> None:
-        """Wait until every member of ``group`` reached this step (a tag-only exchange, no data)."""
-        self.router.average(group, STEP, self.steps)
+        """Wait until every member of ``group`` reached this step: a tagged exchange of one element
+        on the parameters' device (so nccl takes it), carrying no information."""
+        if self._line is None:
+            first = self._buckets.buffers[0] if self._buckets.buffers else torch.zeros(1)
+            self._line = torch.zeros(1, dtype=first.dtype, device=first.device)
+        self._line.zero_()
+        self.router.average(group, STEP, self.steps, buffers=[self._line])
 
     def _advanced(self) -> None:
         """Called after each step moved to the next partition (a subclass may re-plan here)."""

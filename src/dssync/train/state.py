@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dssync.errors import SyncError
 from dssync.strategies import Strategy
 from dssync.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from dssync.train.resume import agree_on_step, check_fits, saved_files
@@ -134,6 +135,8 @@ class Checkpointer:
             if state["swa"] is not None:
                 swa = WeightAverage(self.strategy.module)
                 swa.load_state_dict(state["swa"])
+        except SyncError:
+            raise  # ranks out of step or a lost peer while loading: not the checkpoint's fault
         except (RuntimeError, KeyError, ValueError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(
