@@ -197,10 +197,12 @@ class DSSync(Strategy, Joinable):
     def _optimizer_state(self) -> list[torch.Tensor]:
         if self.optimizer is None:
             return []
+        state = self.optimizer.state  # walked in parameter order, the same on every rank
         return [
             t
-            for s in self.optimizer.state.values()
-            for t in s.values()
+            for g in self.optimizer.param_groups
+            for p in g["params"]
+            for _, t in sorted(state.get(p, {}).items())
             if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0
         ]
 
