@@ -96,7 +96,7 @@ class DSSync(Strategy, Joinable):
         self.average_frozen = average_frozen
         self.optimizer = optimizer
         self.bucket_bytes = bucket_bytes
-        self.timeout_s = float(timeout_s or DEFAULT_TIMEOUT_S)
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         self.steps = 0
         self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         check_start(self)
