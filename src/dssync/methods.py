@@ -156,7 +156,7 @@ def _dssync_topo_overlap(
 def _powersgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    return PowerSGD(module, bucket_cap_mb=cfg.bucket_mb, seed=cfg.seed)  # rank 2, 10 plain steps
+    return PowerSGD(module, rank=cfg.powersgd_rank, bucket_cap_mb=cfg.bucket_mb, seed=cfg.seed)
 
 
 def _fp16(
@@ -220,7 +220,11 @@ _TABLE = [
         _dssync_topo_overlap,
         needs=_TOPO_RATES,
     ),
-    Method("powersgd", "DDP with PyTorch's PowerSGD hook (rank 2, error feedback)", _powersgd),
+    Method(
+        "powersgd",
+        "DDP with PyTorch's PowerSGD hook (rank --powersgd-rank, error feedback)",
+        _powersgd,
+    ),
     Method("fp16", "DDP with PyTorch's fp16 hook: gradients all-reduced in half precision", _fp16),
     Method("dpsgd", "D-PSGD: average with both ring neighbours every step", _dpsgd),
     Method(

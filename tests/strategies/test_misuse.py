@@ -29,7 +29,10 @@ def _report(out_dir: str, fn) -> None:
     except SyncError as e:
         result, code = f"{type(e).__name__}|{e.step}|{e.group}|{e.ranks}|{e}", 3
     Path(out_dir, str(dist.get_rank())).write_text(f"{time.monotonic() - t0:.2f}|{result}")
-    if code:
+    if code:  # a failed rank's exit makes spawn kill the rest: first let every rank report
+        end = time.monotonic() + 30
+        while time.monotonic() < end and len(list(Path(out_dir).iterdir())) < dist.get_world_size():
+            time.sleep(0.05)
         os._exit(code)
 
 

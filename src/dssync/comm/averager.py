@@ -69,7 +69,7 @@ class Router:
         self.timeout_s = float(timeout_s)
         self.bucket_bytes = bucket_bytes
         self.exchange = Exchange(self.parent, chunk_bytes)
-        self.roll = RollCall(self.parent)  # made now: no group is created after construction
+        self.roll = RollCall(self.parent)  # finds the missing ranks of a failed collective
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()
         self.created = 0

@@ -67,12 +67,14 @@ def wait(
         work.wait(timeout=timedelta(seconds=left))
     except (dist.DistError, RuntimeError) as e:
         if peers is None and roll is not None:
-            peers = roll.missing(group, timeout_s)
+            peers = roll.missing(group, timeout_s, tag)
         who = (
             f"rank {peers[0]} never came"
             if peers and len(peers) == 1
             else (f"ranks {peers} never came" if peers else "some rank of the group never came")
         )
+        if peers == []:
+            who = "every member reached it, yet it failed (a connection broke)"
         raise PeerLost(
             f"{tag.describe()} in group {group}: {who} within timeout_s={timeout_s:g} "
             f"(stopped, crashed, or at another step); cause: {type(e).__name__}",
@@ -83,52 +85,44 @@ def wait(
 
 
 class RollCall:
-    """After a collective failed, find which ranks of its group never came (point to point).
+    """After a collective failed, find which ranks of its group never came (through the store).
 
-    Uses a gloo group of its own over the parent group's ranks, made at construction: the
-    failed collective may have closed connections of the training group. Each member that
-    reached the failure reports to the group's first rank that answers; the ranks that do not
-    report within a short wait are the ones that never came, and every member learns the list.
+    Each member that reached the failure writes a key for that averaging (its tag and the
+    group's global ranks) into the process group's key-value store, then waits a short window
+    (``min(timeout_s, 10)`` seconds) for the other members' keys. Members whose key is still
+    absent are the ones that never came. There is no leader to blame and no message on a
+    process group: a timed-out gloo wait closes the connections of its group, and ranks reach
+    the failure at different times (each at its own timeout), so a later member still sees the
+    keys of the earlier ones. Nothing is made at construction; the store is the one the ranks
+    met through (``init_process_group``).
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
-        parent = process_group if process_group is not None else dist.group.WORLD
-        self.parent = parent
-        self.rank = dist.get_rank(parent)
-        ranks = dist.get_process_group_ranks(parent)
-        local = len(ranks) != dist.get_world_size()
-        self.pg = dist.new_group(ranks, backend="gloo", use_local_synchronization=local)
+        self.parent = process_group if process_group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.parent)
+        self.store = dist.distributed_c10d._get_default_store()
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
 
-    def missing(self, group: list[int], timeout_s: float) -> list[int]:
-        wait_s = timedelta(seconds=min(timeout_s, 10.0))
-        leader, n = group[0], len(group)
+    def missing(self, group: list[int], timeout_s: float, tag: Tag) -> list[int] | None:
+        """Ranks of ``group`` that never reached this failure; None if the store cannot say."""
+        ranks = [self._global(r) for r in group]
+        base = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        end = time.monotonic() + min(timeout_s, 10.0)
         try:
-            if self.rank == leader:
-                flags = {r: torch.zeros(1, dtype=torch.int64) for r in group if r != leader}
-                works = {r: dist.irecv(f, self._global(r), group=self.pg) for r, f in flags.items()}
-                absent = []
-                for r, w in works.items():
-                    try:
-                        w.wait(timeout=wait_s)
-                    except (dist.DistError, RuntimeError):
-                        absent.append(r)
-                answer = torch.full((n,), -1, dtype=torch.int64)
-                answer[: len(absent)] = torch.tensor(absent, dtype=torch.int64)
-                for r in works:
-                    if r not in absent:
-                        dist.isend(answer, self._global(r), group=self.pg).wait(timeout=wait_s)
-                return absent
-            dist.isend(torch.ones(1, dtype=torch.int64), self._global(leader), group=self.pg).wait(
-                timeout=wait_s
-            )
-            answer = torch.empty(n, dtype=torch.int64)
-            dist.irecv(answer, self._global(leader), group=self.pg).wait(timeout=wait_s)
-            return [int(r) for r in answer.tolist() if r >= 0]
-        except (dist.DistError, RuntimeError):
-            return [leader]
+            self.store.set(f"{base}/{self._global(self.rank)}", "1")
+            while True:
+                absent = [
+                    r
+                    for r, g in zip(group, ranks, strict=True)
+                    if not self.store.check([f"{base}/{g}"])
+                ]
+                if not absent or time.monotonic() > end:
+                    return absent
+                time.sleep(0.05)
+        except (dist.DistError, RuntimeError):  # the store's host is gone too
+            return None
 
 
 class Exchange:

@@ -11,6 +11,8 @@ class TrainConfig:
     """Everything a worker needs to train; the same on every rank.
 
     ``device`` is ``auto`` (CUDA when present, the GPU chosen by LOCAL_RANK), ``cpu`` or ``cuda``.
+    ``powersgd_rank`` is the rank of PowerSGD's low-rank approximation; ``staleness`` is how many
+    steps SSP lets the fastest worker run ahead of the slowest (0 is synchronous SGD).
     Fault injection (a crashing or slow rank) is not a setting: tests and benchmarks pass a
     :class:`dssync.train.hooks.StepHook` to :func:`dssync.train.run_training` instead.
 
@@ -45,6 +47,8 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     device: str = "auto"
+    powersgd_rank: int = 2
+    staleness: int = 2
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
