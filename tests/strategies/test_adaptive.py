@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dssync.errors import UsageError
 from dssync.launch import spawn
 from dssync.strategies.adaptive import AdaptiveDSSync, adjust_topology, own_stats
 from dssync.topology import Topology
@@ -84,6 +85,12 @@ def _resume(steps: int):
     before = fresh.schedule.describe()
     fresh.load_state_dict(state)
     ahead = [sync.schedule.partition(s, 6) for s in range(steps, steps + 8)]
+    other = AdaptiveDSSync(nn.Linear(4, 2), TOPO, replan_every=8)
+    try:
+        other.load_state_dict(state)
+        refused = ""
+    except UsageError as e:
+        refused = str(e)
     return (
         before,
         sync.schedule.describe(),
@@ -91,12 +98,14 @@ def _resume(steps: int):
         ahead,
         fresh.switches,
         [fresh.schedule.partition(s, 6) for s in range(steps, steps + 8)],
+        refused,
     )
 
 
 def test_a_resumed_run_keeps_its_re_planned_groups():
-    for before, planned, resumed, ahead, switches, resumed_ahead in spawn(
+    for before, planned, resumed, ahead, switches, resumed_ahead, refused in spawn(
         _resume, 6, args=(20,), timeout_s=90
     ):
         assert switches and planned != before  # contention made it re-plan before the save
         assert resumed == planned and resumed_ahead == ahead
+        assert "replan_every=4" in refused and "--replan-every" in refused  # another setup

@@ -94,6 +94,14 @@ class AdaptiveDSSync(DSSync):
         self._cross: list[float] = []
         self.device = module_device(module)
 
+    def _setup(self) -> str:
+        """What shapes every plan but the rates: placement, group size, seed, replan_every."""
+        t = self.topology
+        return (
+            f"hosts={list(t.hosts)} racks={list(t.racks)} group_size={self.group_size} "
+            f"seed={self.seed} replan_every={self.replan_every}"
+        )
+
     def _plan(self, topology: Topology) -> TopologyAware:
         return plan_topology_aware(
             topology, self.group_size, self.seed, max_every=self.replan_every
@@ -130,6 +138,7 @@ class AdaptiveDSSync(DSSync):
         last adjustment and the switches, so a resumed run keeps its re-planned groups."""
         return {
             "steps": self.steps,
+            "setup": self._setup(),
             "host_mbit": {str(h): float(r) for h, r in self.topology.host_mbit.items()},
             "uplink_mbit": self.topology.uplink_mbit,
             "local": list(self._local),
@@ -139,6 +148,12 @@ class AdaptiveDSSync(DSSync):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved step on the saved plan (every rank loads alike: collective)."""
+        if "setup" in state and state["setup"] != self._setup():
+            raise UsageError(
+                f"checkpoint was written by topology-aware DS-Sync with {state['setup']}, this run "
+                f"uses {self._setup()}; resume with the same hosts and racks, --group-size, "
+                "--seed and --replan-every"
+            )
         self.steps = int(state["steps"])
         if "host_mbit" not in state:  # a checkpoint from before re-plans were saved
             return
