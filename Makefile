@@ -36,7 +36,8 @@ bench-sync: install
 
 # On a CUDA machine: nccl training, gloo over CUDA tensors and the README example, one line each.
 # Runs from the source tree on the machine's own python3 (no install); says so and passes without CUDA.
-GPU_PYTHON ?= python3
+# Where python3 has no torch (a CPU machine with only the venv), the venv's interpreter is used.
+GPU_PYTHON ?= $(shell python3 -c 'import torch' 2>/dev/null && echo python3 || echo $(PY))
 gpu-check:
 	PYTHONPATH=src $(GPU_PYTHON) tools/gpu_check.py
 

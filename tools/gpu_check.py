@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,27 +45,12 @@ def run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.C
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
     }
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    from dssync.launch import run_contained  # src/ is on this script's path (see main)
+
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        return run_contained(cmd, timeout, env=env, cwd=cwd)
+    except TimeoutError:
         raise RuntimeError(f"did not finish within {timeout:.0f} s") from None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def last_line(text: str) -> str:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -82,6 +84,47 @@ def init_from_env(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def run_contained(
+    cmd: list[str],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a session of its own, output captured; nothing it starts outlives it.
+
+    When it ends, or when ``timeout`` seconds pass, its whole process group is killed (workers,
+    torchrun's agents and ranks); a timeout then raises :class:`TimeoutError` with the tail of
+    its stderr.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, err = proc.communicate()
+        raise TimeoutError(
+            f"`{' '.join(map(str, cmd))}` did not finish in {timeout:.0f} s; stderr:\n{err[-3000:]}"
+        ) from None
+    finally:
+        _kill_session(proc.pid)  # leftovers of the session, if any
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def exit_quietly(code: int) -> None:

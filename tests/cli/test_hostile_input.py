@@ -3,8 +3,6 @@ no traceback, and nothing already on disk damaged (an existing --json file, exis
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dssync.launch import run_contained
 from dssync.train.checkpoint import write_checkpoint
 
 TRAIN = ["train", "--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
@@ -25,21 +24,7 @@ GOOD_HEADER = {
 
 
 def dssync(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dssync", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # workers too, whatever happened
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_contained([sys.executable, "-m", "dssync", *args], timeout)
 
 
 def topology(tmp: Path, body: str) -> str:

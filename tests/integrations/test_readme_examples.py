@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dssync.launch import free_port
+from dssync.launch import free_port, run_contained
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -34,28 +33,9 @@ def run(cmd: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProces
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     }
     env["PYTHONPATH"] = os.pathsep.join([str(README.parent / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"{cmd} did not finish in {timeout}s:\n{err[-3000:]}") from None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{err[-3000:]}"
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    done = run_contained(cmd, timeout, env=env, cwd=cwd)
+    assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done
 
 
 def rank_losses(stdout: str) -> dict[int, str]:

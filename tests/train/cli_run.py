@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from dssync.launch import run_contained
 
 DIGITS = ["--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
 FAULT_CLI = str(
@@ -19,30 +19,10 @@ FAULT_CLI = str(
 def run(
     args: list[str], timeout: float = 120, module: str | None = "dssync"
 ) -> subprocess.CompletedProcess:
-    """``python -m <module> *args`` (``python *args`` without a module); on timeout the whole
-    process group (workers too) is killed."""
+    """``python -m <module> *args`` (``python *args`` without a module), contained: on timeout
+    the whole process group (workers too) is killed and TimeoutError raised."""
     head = [sys.executable, "-m", module] if module else [sys.executable]
-    proc = subprocess.Popen(
-        [*head, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"`{' '.join(args)}` did not finish in {timeout}s; stderr:\n{err[-3000:]}"
-        ) from None
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the session, if any
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_contained([*head, *args], timeout)
 
 
 def load(path: Path) -> dict[str, Any]:
