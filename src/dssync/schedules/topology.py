@@ -12,7 +12,8 @@ The paper's "bottleneck-free" division. At each step:
 After log2 D crossing rounds every one of D domains has heard from every other (D a power of two;
 otherwise a few more), so steps to consensus grow with log2 D, not with D as they would if racks
 met along a ring.
-The pattern repeats every ``repeat`` = lcm(cross_every * ceil(log2 D), slow_every, base_period)
+The shuffle inside a domain cycles ``local_repeat`` partitions, so the pattern repeats every
+``repeat`` = lcm(cross_every * ceil(log2 D), slow_every, local_repeat)
 steps (finite, growing with log2 D: 32 steps for 16 racks, 64 for 256 with crossings every 8), so
 all its groups can be created up front, and it depends only on (step, world size, settings), so
 every rank computes the same partition.
@@ -77,13 +78,13 @@ class TopologyAware(Schedule):
         slow: Sequence[int] = (),
         slow_every: int = 4,
         seed: int = 0,
-        base_period: int = 8,
+        local_repeat: int = 8,
     ) -> None:
         check_group_size(group_size)
         for name, value in (
             ("cross_every", cross_every),
             ("slow_every", slow_every),
-            ("base_period", base_period),
+            ("local_repeat", local_repeat),
         ):
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name}={value!r} must be an integer >= 1 (steps); e.g. 8")
@@ -99,7 +100,7 @@ class TopologyAware(Schedule):
         self.slow_every = slow_every
         self.seed = seed
         self.rounds = max(1, (len(self.domains) - 1).bit_length())  # crossing rounds per sweep
-        self.repeat = math.lcm(cross_every * self.rounds, slow_every, base_period)
+        self.repeat = math.lcm(cross_every * self.rounds, slow_every, local_repeat)
 
     @property
     def world(self) -> int:
@@ -239,5 +240,5 @@ def plan_topology_aware(
         slow=slow,
         slow_every=slow_every,
         seed=seed,
-        base_period=max_every,
+        local_repeat=max_every,
     )

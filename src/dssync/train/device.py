@@ -1,18 +1,19 @@
 """Where a rank trains: the device, the backend that goes with it, and a clock that waits for it.
 
 ``auto`` is CUDA when it is present (the GPU numbered by LOCAL_RANK), else the CPU. On CUDA the
-process group is nccl, on the CPU gloo. :class:`Clock` synchronizes the device before it reads
-the time, so a timed span covers the kernels it launched, not only their launch.
+process group is nccl, on the CPU gloo. :class:`Clock` binds a device to
+:func:`dssync.comm.clock.clock`, which waits for the device before it reads the time, so a timed
+span covers the kernels it launched, not only their launch.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import torch
 
+from dssync.comm.clock import clock
 from dssync.errors import UsageError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -76,6 +77,4 @@ class Clock:
         self.device = device
 
     def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return clock(self.device)
