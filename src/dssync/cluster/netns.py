@@ -135,8 +135,14 @@ class Cluster(ClusterNames):
         lines += [f"{self.address_of(h)} {self.host_ns(h)}" for h in range(self.spec.num_hosts)]
         for h in range(self.spec.num_hosts):
             folder = ETC_NETNS / self.host_ns(h)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "hosts").write_text("\n".join(lines) + "\n")
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text("\n".join(lines) + "\n")
+            except OSError as exc:
+                raise ClusterError(
+                    f"cannot write {folder / 'hosts'} ({exc.strerror}); the emulated hosts "
+                    f"need their names there: make {ETC_NETNS} writable for root"
+                ) from None
 
     def down(self) -> None:
         """Remove every namespace, link and qdisc of this cluster. Safe to call twice."""
