@@ -12,7 +12,8 @@ import pytest
 from cluster_helpers import assert_gone, netns_pids
 
 from dssync.cluster import Cluster, load_cluster, parse_cluster
-from dssync.cluster.workers import entry_point, root_cause
+from dssync.cluster.torchrun import entry_point
+from dssync.cluster.workers import root_cause
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 
@@ -175,3 +176,34 @@ def test_root_cause_reads_torchrun_report():
     ]
     assert root_cause(report) == (3, 7)
     assert root_cause(["nothing here"]) == (None, None)
+
+
+def test_each_host_runs_the_readme_multi_node_command():
+    from pathlib import Path
+
+    from dssync.cluster import ClusterNames, torchrun_argv
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = readme[readme.index("torchrun --nnodes H") :].split("\n```")[0]
+    line = command.replace("\\\n", " ").split(" -m ")[0]
+    flags = [w for w in line.split() if w.startswith("--")]
+    assert flags == [
+        "--nnodes",
+        "--nproc-per-node",
+        "--rdzv-backend",
+        "--rdzv-endpoint",
+        "--rdzv-id",
+    ]
+    names = ClusterNames(parse_cluster(SPEC, "argv (test)"), prefix="dss01")
+    argv = torchrun_argv(names, 29400, "job", [sys.executable, "-m", "dssync", "train"], 60)
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    given = dict(zip(argv[3:13:2], argv[4:14:2], strict=True))
+    assert list(given) == flags
+    assert given == {
+        "--nnodes": "2",
+        "--nproc-per-node": "2",
+        "--rdzv-backend": "c10d",
+        "--rdzv-endpoint": "dss01-h0:29400",
+        "--rdzv-id": "job",
+    }
+    assert argv[-3:] == ["-m", "dssync", "train"]
