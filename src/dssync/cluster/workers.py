@@ -1,8 +1,10 @@
 """Start one ``torchrun`` agent per emulated host (:mod:`dssync.cluster.torchrun`), wait for
 all, and stop all of them on the first failure or on timeout.
 
-torchrun's c10d rendezvous numbers the hosts in the order they arrive, so which global ranks share
-a host comes from torchrun (RANK, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE), never from the spec.
+torchrun's c10d rendezvous numbers the hosts itself (this torch sorts the joined nodes by name, so
+``p-h10`` comes before ``p-h2``; other versions differ), so which global ranks share a host comes
+from torchrun (RANK, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE) and the host name, never from the
+spec's order.
 
 Each agent runs in its own session; torchrun starts its workers in sessions of their own, so
 stopping a run signals every agent's process group and then kills whatever is left in the host
