@@ -1,4 +1,4 @@
-"""Skip tests marked ``root`` unless we are root with iproute2; give each a fresh tiny spec."""
+"""Skip tests marked ``root`` unless we are root with iproute2 and unshare; give each a fresh tiny spec."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """One rank of ``dssync bench``: train a flat model with one method, write per-step timings.
 
-Started inside a host namespace by :mod:`dssync.experiments.cluster_bench`::
+Started by torchrun on every host of the emulated cluster (:mod:`dssync.experiments.cluster_bench`)::
 
-    python -m dssync.bench.cluster_worker --method dssync-topo --params 10000000 --steps 30 --out DIR
+    torchrun ... -m dssync.bench.cluster_worker --method dssync-topo --params 10000000 --out DIR
 
-Rank r writes ``DIR/rank<r>.json``; rank 0 also writes ``DIR/progress.json`` once the warm-up
+Rank r (torchrun's RANK) writes ``DIR/rank<r>.json`` with its host name, GROUP_RANK and LOCAL_RANK
+(where torchrun placed it); rank 0 also writes ``DIR/progress.json`` once the warm-up
 steps are done (the parent starts a scenario's timed link changes from there).
 
 ``--compute-ms C`` adds real compute to every step: matrix products on the CPU taking about C ms,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -142,6 +144,9 @@ def run(
     if hasattr(strategy, "finish"):
         strategy.finish()  # an overlapped average still in flight completes before the exit
     info["switches"] = getattr(strategy, "switches", [])
+    info["host"] = socket.gethostname()
+    info["group_rank"] = int(os.environ.get("GROUP_RANK", 0))
+    info["local_rank"] = int(os.environ.get("LOCAL_RANK", 0))
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "records": records, **info}))
 
 

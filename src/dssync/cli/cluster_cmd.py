@@ -118,7 +118,7 @@ def down(prefix: str | None, all_: bool) -> None:
     "--log-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Write each rank's output to LOG_DIR/rank<r>.log.",
+    help="Write each host's torchrun output (its workers' included) to LOG_DIR/host<h>.log.",
 )
 def run(
     cluster_spec: str,
@@ -128,7 +128,10 @@ def run(
     duration_s: float | None,
     log_dir: Path | None,
 ) -> None:
-    """Build CLUSTER_SPEC, run COMMAND once per worker in its namespace, tear down.
+    """Build CLUSTER_SPEC, run COMMAND on every worker (one torchrun per host), tear down.
+
+    Each host runs `torchrun --nnodes H --nproc-per-node R --rdzv-backend c10d
+    --rdzv-endpoint <host 0>:PORT --rdzv-id ID COMMAND` in its namespace.
 
     Example: dssync cluster run s2-inter-rack -- python train.py
     """

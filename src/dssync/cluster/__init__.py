@@ -1,8 +1,8 @@
 """Emulated cluster: network namespaces, veth pairs, bridges and ``tc tbf`` rate limits.
 
 Modules, lowest first: ``shell`` (iproute2 calls), ``spec`` (cluster spec files), ``names``
-(namespaces, interfaces, addresses), ``shaping`` (tbf), ``workers`` (one process per rank in
-its namespace), ``accounting`` (link byte counters), ``throughput`` (TCP rate between two
+(namespaces, interfaces, addresses), ``shaping`` (tbf), ``torchrun`` (the command each host
+runs), ``workers`` (one torchrun agent per host, waited for and stopped together), ``accounting`` (link byte counters), ``throughput`` (TCP rate between two
 hosts), ``netns`` (the :class:`Cluster` that builds and tears down), ``scenario`` (timed rate
 changes).
 
@@ -29,9 +29,11 @@ from dssync.cluster.spec import (
     shipped_clusters,
 )
 from dssync.cluster.throughput import measure_mbit
-from dssync.cluster.workers import RunResult, Workers, rank_env, start_workers
+from dssync.cluster.torchrun import torchrun_argv
+from dssync.cluster.workers import Agents, RunResult, start_agents
 
 __all__ = [
+    "Agents",
     "Cluster",
     "ClusterError",
     "ClusterNames",
@@ -42,7 +44,6 @@ __all__ = [
     "RunResult",
     "Scenario",
     "Step",
-    "Workers",
     "diff",
     "link_bytes",
     "list_prefixes",
@@ -50,9 +51,9 @@ __all__ = [
     "measure_mbit",
     "parse_cluster",
     "plan",
-    "rank_env",
     "remove_prefix",
     "require_root_and_tools",
     "shipped_clusters",
-    "start_workers",
+    "start_agents",
+    "torchrun_argv",
 ]

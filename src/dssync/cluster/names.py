@@ -3,6 +3,8 @@
 Layout for prefix ``p`` (every name starts with it; interface names stay under 15 chars):
 
 * one namespace per host, ``p-h<i>``, holding interface ``p h<i>`` with address 10.213.x.y/16;
+  ``p-h<i>`` is also the host's name (its UTS host name under torchrun, in every host's
+  ``/etc/netns/p-h<i>/hosts``);
 * one switch namespace ``p-sw`` holding rack bridges ``p r<r>``, the core bridge ``p core``,
   the switch end ``p h<i>s`` of each host link and both ends ``p u<r>`` / ``p u<r>c`` of each
   rack uplink. Nothing is attached to the root namespace, so no traffic can leave.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import secrets
+from pathlib import Path
 
 from dssync.cluster.shell import ClusterError
 from dssync.cluster.spec import ClusterSpec
@@ -20,6 +23,8 @@ from dssync.cluster.spec import ClusterSpec
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
 PREFIX_RE = re.compile(r"^dss[a-z0-9]{1,6}$")
 ANY_PREFIX_RE = re.compile(r"^(dss[a-z0-9]{1,6})-(h\d+|sw)$")
+# Per-namespace files that ``ip netns exec`` mounts over /etc (a host's /etc/hosts).
+ETC_NETNS = Path("/etc/netns")
 
 
 def new_prefix() -> str:

@@ -1,15 +1,17 @@
 """Build and tear down an emulated cluster from network namespaces, veth pairs and bridges.
 
-Where each piece lives is :mod:`dssync.cluster.names`; starting workers in it is
-:mod:`dssync.cluster.workers`; its byte counters are :mod:`dssync.cluster.accounting`.
+Where each piece lives is :mod:`dssync.cluster.names`; starting a torchrun agent per host in it
+is :mod:`dssync.cluster.workers`; its byte counters are :mod:`dssync.cluster.accounting`.
+
+Host names resolve as on a real network: ``ip netns exec`` mounts ``/etc/netns/<ns>/hosts`` over
+``/etc/hosts``, and each host namespace gets one naming every host (``<prefix>-h<i>``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -17,10 +19,10 @@ from types import FrameType
 
 from dssync.cluster import shaping
 from dssync.cluster.accounting import LinkBytes, link_bytes
-from dssync.cluster.names import ANY_PREFIX_RE, SUBNET, ClusterNames, check_prefix
+from dssync.cluster.names import ANY_PREFIX_RE, ETC_NETNS, SUBNET, ClusterNames, check_prefix
 from dssync.cluster.shell import ClusterError, require_root_and_tools, sh
 from dssync.cluster.spec import ClusterSpec
-from dssync.cluster.workers import RunResult, Workers, rank_env, start_workers
+from dssync.cluster.workers import Agents, RunResult, kill_namespace, start_agents
 
 
 class Cluster(ClusterNames):
@@ -125,6 +127,22 @@ class Cluster(ClusterNames):
             if rate is not None:
                 for ns, dev in self.link_ends(link):
                     shaping.set_tbf(ns, dev, rate)
+        self._write_hosts_files()
+
+    def _write_hosts_files(self) -> None:
+        """``/etc/netns/<ns>/hosts`` for every host namespace: every host's name and address."""
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{self.address_of(h)} {self.host_ns(h)}" for h in range(self.spec.num_hosts)]
+        for h in range(self.spec.num_hosts):
+            folder = ETC_NETNS / self.host_ns(h)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "hosts").write_text("\n".join(lines) + "\n")
+            except OSError as exc:
+                raise ClusterError(
+                    f"cannot write {folder / 'hosts'} ({exc.strerror}); the emulated hosts "
+                    f"need their names there: make {ETC_NETNS} writable for root"
+                ) from None
 
     def down(self) -> None:
         """Remove every namespace, link and qdisc of this cluster. Safe to call twice."""
@@ -170,14 +188,16 @@ class Cluster(ClusterNames):
         return path
 
     # workers and accounting live in their own modules ---------------------------------------
-    def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:
-        return rank_env(self, rank, master_port)
-
     def launch(
-        self, argv: list[str], env: dict[str, str] | None = None, log_dir: Path | None = None
-    ) -> Workers:
-        """Start ``argv`` once per worker in its host namespace; see ``workers.start_workers``."""
-        return start_workers(self, argv, env=env, log_dir=log_dir)
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+        join_timeout_s: float = 600.0,
+    ) -> Agents:
+        """Start one torchrun agent per host running ``argv`` on each of its workers; see
+        ``workers.start_agents``."""
+        return start_agents(self, argv, env=env, log_dir=log_dir, join_timeout_s=join_timeout_s)
 
     def run(
         self,
@@ -186,8 +206,9 @@ class Cluster(ClusterNames):
         timeout_s: float = 600.0,
         log_dir: Path | None = None,
     ) -> RunResult:
-        """Launch ``argv`` on every worker and wait; a failure or timeout kills the rest."""
-        return self.launch(argv, env=env, log_dir=log_dir).wait(timeout_s)
+        """Launch ``argv`` on every worker (torchrun per host) and wait; a failure or timeout
+        stops every host."""
+        return self.launch(argv, env=env, log_dir=log_dir, join_timeout_s=timeout_s).wait(timeout_s)
 
     def link_bytes(self) -> dict[str, LinkBytes]:
         """Byte counters of every link now; subtract two snapshots with ``accounting.diff``."""
@@ -208,11 +229,14 @@ def list_prefixes() -> list[str]:
         m.group(1) for line in out.splitlines() if (m := ANY_PREFIX_RE.match(line.split(" ")[0]))
     }
     found |= {p.stem for p in STATE_DIR.glob("dss*.json")} if STATE_DIR.is_dir() else set()
+    if ETC_NETNS.is_dir():  # a hosts file left by a cluster whose namespaces are gone
+        found |= {m.group(1) for f in ETC_NETNS.iterdir() if (m := ANY_PREFIX_RE.match(f.name))}
     return sorted(found)
 
 
 def remove_prefix(prefix: str) -> list[str]:
-    """Kill processes in, and delete, every namespace named ``<prefix>-...``; return their names.
+    """Kill processes in, and delete, every namespace named ``<prefix>-...`` and its
+    ``/etc/netns`` folder; return the namespaces' names.
 
     Deleting a namespace deletes its interfaces, their veth peers and their qdiscs.
     """
@@ -222,11 +246,13 @@ def remove_prefix(prefix: str) -> list[str]:
     names = [line.split(" ")[0] for line in out.splitlines()]
     ours = [n for n in names if (m := ANY_PREFIX_RE.match(n)) and m.group(1) == prefix]
     for ns in ours:
-        for pid in sh(["ip", "netns", "pids", ns], check=False).split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+        kill_namespace(ns)
     for ns in ours:
         sh(["ip", "netns", "del", ns], check=False)
+    if ETC_NETNS.is_dir():
+        for folder in ETC_NETNS.glob(f"{prefix}-*"):
+            if ANY_PREFIX_RE.match(folder.name):
+                shutil.rmtree(folder, ignore_errors=True)
     # Defensive: nothing is created in the root namespace, but remove any stray link of ours.
     root_links = json.loads(sh(["ip", "-j", "link", "show"], check=False) or "[]")
     pattern = re.compile(rf"^{prefix}(h\d+s?|r\d+|u\d+c?|core)$")

@@ -14,12 +14,12 @@ class ClusterError(RuntimeError):
 
 
 def require_root_and_tools() -> None:
-    """Raise ClusterError unless we run as root with ``ip`` and ``tc`` on the PATH."""
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    """Raise ClusterError unless we run as root with ``ip``, ``tc`` and ``unshare`` on the PATH."""
+    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
     if missing:
         raise ClusterError(
-            f"the emulated cluster needs {' and '.join(missing)} (iproute2), not found on PATH; "
-            "install iproute2 (apt-get install iproute2)"
+            f"the emulated cluster needs {' and '.join(missing)} (iproute2, util-linux), not "
+            "found on PATH; install them (apt-get install iproute2 util-linux)"
         )
     if os.geteuid() != 0:
         raise ClusterError(

@@ -1,12 +1,28 @@
-"""Start one process per worker inside its host namespace, wait for all, kill all on failure."""
+"""Start one ``torchrun`` agent per emulated host (:mod:`dssync.cluster.torchrun`), wait for
+all, and stop all of them on the first failure or on timeout.
+
+torchrun's c10d rendezvous numbers the hosts itself (this torch sorts the joined nodes by name, so
+``p-h10`` comes before ``p-h2``; other versions differ), so which global ranks share a host comes
+from torchrun (RANK, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE) and the host name, never from the
+spec's order.
+
+Each agent runs in its own session; torchrun starts its workers in sessions of their own, so
+stopping a run signals every agent's process group and then kills whatever is left in the host
+namespaces (nothing else lives there). A failing host is named with the root cause torchrun
+printed (the rank and its exit code).
+"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import re
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,95 +30,137 @@ from typing import IO
 
 from dssync.cluster.names import ClusterNames
 from dssync.cluster.shell import sh
+from dssync.cluster.torchrun import (
+    LAUNCHER_VARS,
+    free_port,
+    host_command,
+    host_env,
+    torchrun_argv,
+)
 
 KILL_GRACE_S = 3.0
 TIMEOUT_EXIT_CODE = 124
-
-
-def rank_env(cluster: ClusterNames, rank: int, master_port: int) -> dict[str, str]:
-    """The environment variables worker ``rank`` gets (torch.distributed's env:// names)."""
-    spec = cluster.spec
-    host = spec.host_of_rank(rank)
-    return {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(spec.world_size),
-        "LOCAL_RANK": str(spec.local_rank(rank)),
-        "LOCAL_WORLD_SIZE": str(spec.workers_per_host),
-        "GROUP_RANK": str(host),
-        "MASTER_ADDR": cluster.address_of(0),
-        "MASTER_PORT": str(master_port),
-        "GLOO_SOCKET_IFNAME": cluster.host_ifname(host),
-        "DSSYNC_HOST": str(host),
-        "DSSYNC_RACK": str(spec.rack_of_host(host)),
-        "DSSYNC_CLUSTER": cluster.prefix,
-    }
-
-
-def free_port(cluster: ClusterNames, host: int = 0) -> int:
-    """A TCP port that is free on ``host`` (asked inside its namespace)."""
-    code = "import socket; s=socket.socket(); s.bind(('',0)); print(s.getsockname()[1])"
-    out = sh(["ip", "netns", "exec", cluster.host_ns(host), sys.executable, "-c", code])
-    return int(out.strip())
+TAIL_LINES = 80
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """Outcome of a run: one exit code per rank (negative: killed by that signal).
+    """Outcome of a run: one torchrun exit code per host (negative: killed by that signal).
 
-    ``failed_rank`` is the first rank seen failing (None if all succeeded or on timeout).
+    ``failed_host`` is the first host whose torchrun was seen failing (None if all succeeded or
+    on timeout); ``failed_rank`` and ``rank_exit_code`` are the root cause torchrun printed there
+    (the global rank torchrun gave the worker, and its exit code), when it printed one.
     """
 
     returncodes: tuple[int | None, ...]
-    failed_rank: int | None
+    failed_host: int | None
     timed_out: bool
+    hosts: tuple[str, ...] = ()
+    failed_rank: int | None = None
+    rank_exit_code: int | None = None
 
     @property
     def ok(self) -> bool:
-        return self.failed_rank is None and not self.timed_out
+        return self.failed_host is None and not self.timed_out
 
     @property
     def exit_code(self) -> int:
-        """0 on success, the first failing rank's exit code, or 124 on timeout."""
+        """0 on success, the failing worker's (else torchrun's) exit code, or 124 on timeout."""
         if self.timed_out:
             return TIMEOUT_EXIT_CODE
-        if self.failed_rank is None:
+        if self.failed_host is None:
             return 0
-        code = self.returncodes[self.failed_rank] or 1
+        code = self.rank_exit_code or self.returncodes[self.failed_host] or 1
         return code if code > 0 else 128 - code
+
+    def host_name(self, host: int) -> str:
+        return self.hosts[host] if host < len(self.hosts) else str(host)
 
     def summary(self) -> str:
         if self.timed_out:
-            return f"timed out; exit codes by rank: {list(self.returncodes)}"
-        if self.failed_rank is not None:
-            return (
-                f"rank {self.failed_rank} failed with exit code "
-                f"{self.returncodes[self.failed_rank]}; the other ranks were stopped"
+            return f"timed out; torchrun exit codes by host: {list(self.returncodes)}"
+        if self.failed_host is not None:
+            h = self.failed_host
+            code = self.returncodes[h]
+            how = (
+                f"was killed by signal {-code}"
+                if code is not None and code < 0
+                else (f"exited with code {code}")
             )
-        return f"all {len(self.returncodes)} ranks exited 0"
+            cause = ""
+            if self.failed_rank is not None:
+                cause = f" (rank {self.failed_rank} exited with code {self.rank_exit_code})"
+            return (
+                f"host {h} ({self.host_name(h)}): torchrun {how}{cause}; "
+                "every host's torchrun and workers were stopped"
+            )
+        return f"torchrun exited 0 on all {len(self.returncodes)} hosts"
 
 
-class Workers:
-    """Running worker processes, one per rank, each in its own process group.
+ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank")
+ROOT_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def root_cause(lines: list[str]) -> tuple[int | None, int | None]:
+    """(rank, exit code) of the root cause in torchrun's failure report, or (None, None)."""
+    starts = [i for i, line in enumerate(lines) if "Root Cause" in line]
+    rank = code = None
+    for line in lines[starts[-1] if starts else 0 :]:
+        if m := ROOT_RANK.match(line):
+            rank = int(m.group(1))
+        elif (m := ROOT_CODE.match(line)) and rank is not None and code is None:
+            code = int(m.group(1))
+    return rank, code
+
+
+class _Output:
+    """Copies one agent's output, line by line, to a log file or our stdout; keeps the tail."""
+
+    def __init__(self, pipe: IO[bytes], log: IO[bytes] | None) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._pipe, self._log = pipe, log
+        self._thread = threading.Thread(target=self._copy, daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        for raw in iter(self._pipe.readline, b""):
+            self.tail.append(raw.decode(errors="replace").rstrip("\n"))
+            if self._log is not None:
+                self._log.write(raw)
+                self._log.flush()
+            else:
+                sys.stdout.write(raw.decode(errors="replace"))
+                sys.stdout.flush()
+
+    def close(self, timeout_s: float = KILL_GRACE_S) -> None:
+        self._thread.join(timeout_s)
+        if self._log is not None:
+            self._log.close()
+
+
+class Agents:
+    """The torchrun agents of a run, one per host, each in its own process session.
 
     Example::
 
-        workers = cluster.launch([sys.executable, "-c", "print('hi')"])
-        result = workers.wait(timeout_s=30)   # kills the rest if one fails or time runs out
+        agents = cluster.launch([sys.executable, "-m", "dssync.train.worker", cfg, out])
+        result = agents.wait(timeout_s=600)   # stops every host if one fails or time runs out
         assert result.ok, result.summary()
     """
 
-    def __init__(self, procs: list[subprocess.Popen], logs: list[IO[bytes]]) -> None:
+    def __init__(self, cluster: ClusterNames, procs: list[subprocess.Popen], outs: list[_Output]):
+        self.cluster = cluster
         self.procs = procs
-        self._logs = logs
+        self._outs = outs
 
     def wait(self, timeout_s: float) -> RunResult:
-        """Wait for all ranks; on the first failure or after ``timeout_s``, stop all others."""
+        """Wait for every host; on the first failure or after ``timeout_s``, stop all of them."""
         deadline = time.monotonic() + timeout_s
         failed: int | None = None
         timed_out = False
         try:
             while None in [p.poll() for p in self.procs]:  # poll every one, no short cut
-                bad = [r for r, p in enumerate(self.procs) if p.returncode not in (None, 0)]
+                bad = [h for h, p in enumerate(self.procs) if p.returncode not in (None, 0)]
                 if bad:
                     failed = bad[0]
                     break
@@ -111,14 +169,25 @@ class Workers:
                     break
                 time.sleep(0.05)
             else:
-                bad = [r for r, p in enumerate(self.procs) if p.returncode != 0]
+                bad = [h for h, p in enumerate(self.procs) if p.returncode != 0]
                 failed = bad[0] if bad else None
         finally:
             self.kill()
-        return RunResult(tuple(p.returncode for p in self.procs), failed, timed_out)
+        rank = code = None
+        if failed is not None:
+            rank, code = root_cause(list(self._outs[failed].tail))
+        return RunResult(
+            tuple(p.returncode for p in self.procs),
+            failed,
+            timed_out,
+            tuple(self.cluster.host_ns(h) for h in range(len(self.procs))),
+            rank,
+            code,
+        )
 
     def kill(self) -> None:
-        """SIGTERM every live process group, then SIGKILL after a grace period."""
+        """SIGTERM every agent's process group (torchrun stops its workers), SIGKILL after a
+        grace period, then kill anything still alive in the host namespaces. Safe to call twice."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             live = [p for p in self.procs if p.poll() is None]
             for p in live:
@@ -127,49 +196,59 @@ class Workers:
             end = time.monotonic() + KILL_GRACE_S
             while any(p.poll() is None for p in live) and time.monotonic() < end:
                 time.sleep(0.05)
+        for h in range(self.cluster.spec.num_hosts):
+            kill_namespace(self.cluster.host_ns(h))
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=KILL_GRACE_S)
-        for log in self._logs:
-            log.close()
-        self._logs = []
+        for out in self._outs:
+            out.close()
 
 
-def start_workers(
+def kill_namespace(ns: str) -> None:
+    """SIGKILL every process whose network namespace is ``ns``."""
+    for pid in sh(["ip", "netns", "pids", ns], check=False).split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def start_agents(
     cluster: ClusterNames,
     argv: list[str],
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
-    master_port: int | None = None,
-) -> Workers:
-    """Start ``argv`` once per rank with ``ip netns exec <host ns>`` and the rank's env.
+    join_timeout_s: float = 600.0,
+) -> Agents:
+    """Start one torchrun agent per host running ``argv`` on each of its workers.
 
-    ``env`` adds to (and overrides) the inherited environment. With ``log_dir``, rank r's
-    stdout and stderr go to ``log_dir/rank<r>.log``; otherwise they are inherited.
+    ``env`` adds to (and overrides) the inherited environment. With ``log_dir``, host h's torchrun
+    output (its workers' output included) goes to ``log_dir/host<h>.log``; otherwise to stdout.
     """
-    port = master_port or free_port(cluster)
+    port = free_port(cluster)
+    run_id = f"{cluster.prefix}-{secrets.token_hex(3)}"
+    command = torchrun_argv(cluster, port, run_id, argv, join_timeout_s)
+    base = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     procs: list[subprocess.Popen] = []
-    logs: list[IO[bytes]] = []
+    outs: list[_Output] = []
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
     try:
-        for rank in range(cluster.spec.world_size):
-            full_env = {**os.environ, **(env or {}), **rank_env(cluster, rank, port)}
-            out = None
+        for host in range(cluster.spec.num_hosts):
+            log = None
             if log_dir is not None:
-                out = open(Path(log_dir) / f"rank{rank}.log", "wb")  # noqa: SIM115
-                logs.append(out)
-            ns = cluster.host_ns(cluster.spec.host_of_rank(rank))
-            procs.append(
-                subprocess.Popen(
-                    ["ip", "netns", "exec", ns, *argv],
-                    env=full_env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT if out else None,
-                    start_new_session=True,
-                )
+                log = open(Path(log_dir) / f"host{host}.log", "wb")  # noqa: SIM115
+            proc = subprocess.Popen(
+                host_command(cluster, host, command),
+                env={**base, **(env or {}), **host_env(cluster, host)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
+            procs.append(proc)
+            assert proc.stdout is not None
+            outs.append(_Output(proc.stdout, log))
     except BaseException:
-        Workers(procs, logs).kill()
+        Agents(cluster, procs, outs).kill()
         raise
-    return Workers(procs, logs)
+    return Agents(cluster, procs, outs)

@@ -1,7 +1,9 @@
 """``dssync bench``: every method on every scenario of the emulated cluster, same model, same run.
 
-For each scenario a cluster is built once; each method then runs as one worker per rank inside
-the host namespaces (:mod:`dssync.bench.cluster_worker`). The parent snapshots the link byte
+For each scenario a cluster is built once; each method then runs under one torchrun per host,
+inside the host namespaces, as on real machines (:mod:`dssync.bench.cluster_worker` on every
+rank; torchrun's rendezvous decides which ranks land on which host, and each rank reports its host
+with its timings, ``rank_hosts``). The parent snapshots the link byte
 counters around each run, applies a scenario's timed rate changes with :class:`Scenario` (started
 when rank 0 reports its warm-up done, for a run planned at its warm-up pace), and reads back the
 per-rank timings.
@@ -120,12 +122,14 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     if s.probe:
         argv.append("--probe")
     before = cluster.link_bytes()
-    workers = cluster.launch(argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs")
+    agents = cluster.launch(
+        argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs", join_timeout_s=s.timeout_s
+    )
     events = (
         _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
     )
     try:
-        result = workers.wait(s.timeout_s)
+        result = agents.wait(s.timeout_s)
     finally:
         if events:
             events.stop()
@@ -138,6 +142,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         )
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
     out = summarize(ranks, s.warmup)
+    out["rank_hosts"] = [r.get("host") for r in ranks]  # as torchrun placed them
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
     nbytes = 4 * s.params

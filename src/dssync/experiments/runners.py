@@ -1,4 +1,4 @@
-"""Where a training run happens: local worker processes, or one worker per slot of an emulated cluster."""
+"""Where a training run happens: local worker processes, or torchrun on every host of an emulated cluster."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class Runner:
 
 
 class ClusterRunner(Runner):
-    """Runs each configuration with one worker per slot of an emulated cluster that is up.
+    """Runs each configuration on an emulated cluster that is up: one torchrun per host, as on
+    real machines (:meth:`dssync.cluster.Cluster.launch`), each starting ``dssync.train.worker``.
 
     Example::
 
@@ -50,7 +51,11 @@ class ClusterRunner(Runner):
         super().__init__(cluster.spec.world_size)
         self.cluster = cluster
         self.timeout_s = timeout_s
-        self.where = f"emulated cluster {cluster.spec.name} ({cluster.spec.world_size} workers)"
+        spec = cluster.spec
+        self.where = (
+            f"emulated cluster {spec.name} ({spec.world_size} workers: torchrun on "
+            f"{spec.num_hosts} hosts x {spec.workers_per_host})"
+        )
 
     def run(self, cfg: TrainConfig) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
@@ -59,8 +64,9 @@ class ClusterRunner(Runner):
             argv = [sys.executable, "-m", "dssync.train.worker", str(cfg_path), str(out_path)]
             result = self.cluster.run(argv, timeout_s=self.timeout_s, log_dir=Path(tmp))
             if not result.ok:
-                logs = sorted(Path(tmp).glob("*.log"))
-                tail = logs[0].read_text()[-2000:] if logs else ""
+                host = result.failed_host if result.failed_host is not None else 0
+                log = Path(tmp) / f"host{host}.log"
+                tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
                 raise RuntimeError(f"{cfg.sync} seed {cfg.seed}: {result.summary()}\n{tail}")
             return json.loads(out_path.read_text())
 

@@ -1,9 +1,9 @@
 """Topology from the launcher's environment: DSSYNC_HOST/DSSYNC_RACK, or host names, or LOCAL_WORLD_SIZE.
 
-* The emulated cluster (``dssync cluster run``, ``Cluster.launch``) sets ``DSSYNC_HOST`` and
-  ``DSSYNC_RACK`` for every worker.
-* Under torchrun on real machines each rank contributes a hash of its host name (and
-  ``DSSYNC_RACK`` when the job sets it) to one small all_gather.
+* ``DSSYNC_HOST`` on a worker names its host outright (tests; launchers without host names).
+* Under torchrun each rank contributes a hash of its host name (and ``DSSYNC_RACK`` when the job
+  sets it) to one small all_gather; the emulated cluster runs torchrun on every host with a host
+  name of its own and ``DSSYNC_RACK`` set, so it takes this path too.
 * Without a process group, ranks are assumed to fill hosts in blocks of ``LOCAL_WORLD_SIZE``.
 
 The host and rack keys are metadata: they travel on the training group's side group (gloo, CPU

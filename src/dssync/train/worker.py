@@ -1,10 +1,10 @@
-"""One rank of a training run started by someone else (an emulated cluster, a job script).
+"""One rank of a training run started by torchrun (on each host of an emulated cluster, or a job).
 
-    python -m dssync.train.worker CONFIG.json SUMMARY.json
+    torchrun --nnodes H --nproc-per-node R ... -m dssync.train.worker CONFIG.json SUMMARY.json
 
-reads a TrainConfig from CONFIG.json, joins the process group described by the environment
-(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, on rank 0, writes the full summary (with the
-per-step log) to SUMMARY.json.
+reads a TrainConfig from CONFIG.json, joins the process group torchrun describes (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, on whichever host rank 0 landed, writes the full summary
+(with the per-step log) to SUMMARY.json, so SUMMARY.json must be on storage every host sees.
 """
 
 from __future__ import annotations
