@@ -148,7 +148,7 @@ class ParameterServer(Strategy):
                 list(module.parameters()) + list(module.buffers()), 0, process_group, timeout_s
             )
         self._host = [torch.empty(sum(p.numel() for p in ps), dtype=d) for d, ps in self.kinds]
-        self._works: list = []
+        self._back = [torch.empty_like(h) for h in self._host]  # the answer, beside the push
         self.server = _Server(self) if self.rank == 0 else None
 
     # --- the worker's side -------------------------------------------------------------------
@@ -182,7 +182,7 @@ class ParameterServer(Strategy):
             ]
             self._answer = torch.empty(self.world_size + 3, dtype=torch.float64)
             self._recvs = [
-                dist.irecv(t, server, group=self.answers) for t in [self._answer, *self._host]
+                dist.irecv(t, server, group=self.answers) for t in [self._answer, *self._back]
             ]
 
     @torch.no_grad()
@@ -197,7 +197,7 @@ class ParameterServer(Strategy):
             for w in self._recvs[1:]:
                 self._wait(w, self.timeout_s, "answer")
             self._check(self._answer)
-            self._take(self._host)
+            self._take(self._back)
 
     def _take(self, flats: Sequence[torch.Tensor]) -> None:
         """Overwrite the trained parameters with the server's (flat, per dtype)."""
@@ -249,9 +249,9 @@ class ParameterServer(Strategy):
             self._wait(dist.irecv(answer, server, group=self.answers), self.timeout_s, "answer")
             self._check(answer)
             if answer[0].item() == DONE:
-                for h in self._host:
+                for h in self._back:
                     self._wait(dist.irecv(h, server, group=self.answers), self.timeout_s, "answer")
-                self._take(self._host)
+                self._take(self._back)
                 return
             if answer[1].item() != progress:
                 progress, since = answer[1].item(), time.monotonic()
@@ -411,6 +411,7 @@ class _Server:
 
     def finish(self, clock: int) -> list[torch.Tensor]:
         """Rank 0 at the end: wait for every worker's last push, stop the thread, the master."""
+        self.start()  # remote workers may ask even when rank 0 never stepped
         with self.lock:
             self.final.add(0)
             self.heard = time.monotonic()
@@ -449,14 +450,18 @@ class _Server:
                 kind, clock, lrs = header[0].item(), int(header[1].item()), header[2:].tolist()
                 if kind == PUSH:
                     for h in host:
-                        ps._wait(dist.irecv(h, src, group=ps.requests), ps.timeout_s, "push")
+                        work = dist.irecv(h, src, group=ps.requests)
+                        try:
+                            work.wait(timeout=timedelta(seconds=ps.timeout_s))
+                        except (dist.DistError, RuntimeError) as e:
+                            raise _lost(0, clock, [worker], ps.timeout_s, self.n, e) from e
                     self._serve_push(worker, clock, host, lrs)
                 else:
                     self._serve_final(worker)
         except PeerLost as e:
             with self.lock:
                 self._fail(e)
-        except (dist.DistError, RuntimeError) as e:
+        except Exception as e:  # noqa: BLE001 - a broken connection: every waiting rank hears it
             with self.lock:
                 self._fail(_lost(0, self.pushed[0], [], ps.timeout_s, self.n, e))
 
