@@ -134,10 +134,9 @@ def _lost(staleness):
 
 
 def test_a_lost_worker_is_named_within_the_timeout():
-    t0 = time.monotonic()
-    out = spawn(_lost, WORLD, args=(1,), timeout_s=120)
-    assert out[2] == {"silent": True, "t": out[2]["t"]}
+    out = spawn(_lost, WORLD, args=(1,), timeout_s=150)
+    assert out[2] == {"silent": True, "t": out[2]["t"]}  # rank 2 stopped at step 3
     for r in (0, 1):
         assert out[r]["ranks"] == [2], out[r]
         assert "rank 2 sent nothing within timeout_s=3" in out[r]["error"]
-        assert out[r]["t"] - t0 < 60
+        assert out[r]["t"] - out[2]["t"] < 30  # timeout_s=3, loose for a loaded machine
