@@ -32,11 +32,15 @@ Design:
   the start-up broadcast and the final buffer average, which carry parameter data on its device.
   Rank 0's own worker talks to its server in-process (a device copy, no message).
 * **Waits.** Each wait is bounded. Rank 0 raises :class:`~dssync.errors.PeerLost` when it waits
-  for others and the server has heard no push in ``timeout_s``, naming the ranks that hold it up,
-  and answers every waiting worker with the same names. Another worker waits for an answer at
-  most ``2 * timeout_s`` (the server's own bound expires first), then names rank 0. The server
-  thread waits for the next request for at most ``max(timeout_s, IDLE_S)``: all workers may go
-  quiet together (a long evaluation) without anyone being stuck.
+  for others and the server has heard no push in ``timeout_s``, naming the ranks that hold it up
+  (behind, and not waiting themselves), and answers every waiting worker with the same names.
+  Under SSP every live worker, rank 0 included, ends up waiting within ``s`` steps of a death;
+  under ASP they meet at the end. Another worker waits for an answer at most ``2 * timeout_s``
+  (so that rank 0's bound, which knows who is behind, expires first), then names rank 0; at the
+  end it asks every ``POLL_S`` whether all have finished and names the laggards itself after
+  ``timeout_s`` without progress. The server thread waits for the next request for at most
+  ``max(timeout_s, IDLE_S)``: all workers may go quiet together (a long evaluation) without
+  anyone being stuck; it is a daemon thread, so a failed run never waits for it.
 * **The end.** :meth:`ParameterServer.average_all` waits until every worker has pushed its last
   step, gives every worker the master's final parameters (so all ranks are identical), stops the
   server thread, and averages floating buffers (batch-norm statistics) over the training group.
