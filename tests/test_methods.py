@@ -19,6 +19,7 @@ from dssync.methods import (
 )
 from dssync.schedules import Shuffle, Static
 from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD
+from dssync.strategies.ps import ParameterServer
 from dssync.topology import Topology
 from dssync.train.config import TrainConfig
 
@@ -69,6 +70,8 @@ def _builds() -> dict[str, tuple[str, str]]:
             extra += f" topology given: {s.topology.hosts == topo.hosts}"
         if isinstance(s, AdaptiveDSSync):
             extra += f" replan every {s.replan_every}"
+        if isinstance(s, ParameterServer):
+            extra += f"staleness {s.staleness}"
         if isinstance(s, DSSync) and isinstance(schedule, Shuffle):
             extra += f" repeat {schedule.cycle(2)}"
         out[name] = (type(s).__name__, extra)
@@ -84,6 +87,8 @@ def test_builders_build_the_named_strategy_with_the_config():
     assert built["hierarchical"] == (Hierarchical.__name__, " topology given: True")
     assert built["dssync-topo"][0] == AdaptiveDSSync.__name__
     assert built["dssync-topo"][1].endswith("topology given: True replan every 4")
+    assert built["asp"] == (ParameterServer.__name__, "staleness None")
+    assert built["ssp"] == (ParameterServer.__name__, "staleness 2")  # TrainConfig's default
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from dssync.strategies import (
     Strategy,
 )
 from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
+from dssync.strategies.ps import ParameterServer
 from dssync.topology import Topology
 
 if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
@@ -183,6 +184,18 @@ def _dpsgd(
     return DPSGD(module, bucket_bytes=_bucket_bytes(cfg), timeout_s=cfg.timeout_s)
 
 
+def _asp(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return ParameterServer(module, opt, staleness=None, timeout_s=cfg.timeout_s)
+
+
+def _ssp(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return ParameterServer(module, opt, staleness=cfg.staleness, timeout_s=cfg.timeout_s)
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 
@@ -232,6 +245,8 @@ _TABLE = [
         "one peer per step on the exponential graph (power-of-2 workers)",
         _exp_gossip,
     ),
+    Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
+    Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _TABLE}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
