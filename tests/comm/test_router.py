@@ -36,6 +36,8 @@ def _routers() -> dict:
     made["capped_three"] = (r.created, sorted(r.groups), _average_with(r, cycle3, 2))
     r = Router(None, cycle3)
     made["three"] = (r.created, sorted(r.groups), _average_with(r, cycle3, 2))
+    r = Router(None, pairs, chunk_bytes=8)  # chunks of 2, 2 and 1 floats, two in flight
+    made["small_chunks"] = (r.created, sorted(r.groups), _average_with(r, pairs, 6))
     r = Router(None, pairs)  # the default: no group for pairs
     made["exchange"] = (r.created, sorted(r.groups), _average_with(r, pairs, 6))
     dist.barrier()
@@ -47,6 +49,7 @@ def test_groups_made_and_capped_and_every_path_averages():
 
     ranks = spawn(_routers, WORLD, timeout_s=120)
     expect_made = {"all_pairs": 6, "capped_pairs": 4, "capped_three": 0, "three": 1, "exchange": 0}
+    expect_made["small_chunks"] = 0
     for name, made in expect_made.items():
         assert [r[name][0] for r in ranks] == [made] * WORLD, name
     assert len(ranks[0]["all_pairs"][1]) == 3  # rank 0 is in three of the six pairs

@@ -41,9 +41,8 @@ from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
 from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_spread, layout_of
 from dssync.errors import PeerLost
 
-DEFAULT_CHUNK_BYTES = (
-    16 * 1024 * 1024
-)  # loopback favoured whole buffers; larger models still pipeline
+DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024  # loopback favoured whole buffers; larger models pipeline
+DEFAULT_WINDOW = 2  # chunks of a pair in their first phase at once
 
 
 def wait(
@@ -132,11 +131,15 @@ class Exchange:
     """
 
     def __init__(
-        self, process_group: dist.ProcessGroup | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
         self.parent = process_group if process_group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.parent)
         self.chunk_bytes = chunk_bytes
+        self.window = max(int(window), 1)
         self._recv: dict[tuple[int, int], torch.Tensor] = {}
 
     def _global(self, r: int) -> int:
@@ -216,24 +219,34 @@ class Exchange:
     ) -> None:
         """Two ranks: each averages half of every chunk and sends it back (as a 2-rank all_reduce).
 
-        Phase 1 sends the half the peer owns and receives the peer's copy of the half this rank
-        owns; this rank averages its half; phase 2 sends the averaged half and receives the
-        peer's straight into place. Bytes per direction are those of a whole-buffer exchange,
+        Phase 1 of a chunk sends the half the peer owns and receives the peer's copy of the half
+        this rank owns; this rank averages its half; phase 2 sends the averaged half and receives
+        the peer's straight into place. Bytes per direction are those of a whole-buffer exchange,
         but each rank adds only half, and both end with the same bits (each half computed once).
+        At most ``window`` chunks are in phase 1 at a time: chunk c's phase 2 and chunk c+window's
+        phase 1 are posted when chunk c's phase 1 is done, in the same order on both ranks (so
+        the peers' messages match), keeping the link busy without queueing a whole buffer.
         """
         g = self._global(peer)
         first = self.rank < peer  # the lower rank owns the first half of each chunk
 
-        def done(work) -> None:
-            wait(work, deadline, tag, group, timeout_s, [peer])
+        def done(works: list) -> None:
+            for w in works:
+                wait(w, deadline, tag, group, timeout_s, [peer])
+
+        def post(ops: list) -> list:
+            ops = _nonempty(ops)  # a one-element chunk has an empty half on each side
+            return dist.batch_isend_irecv(ops) if ops else []
 
         device = buffers[0].device if buffers else torch.device("cpu")
         mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
-        ops = [
-            dist.P2POp(dist.isend, mine, g, self.parent),
-            dist.P2POp(dist.irecv, theirs, g, self.parent),
-        ]
-        plan = []  # (buffer, own half, peer's half, recv buffer)
+        head = post(
+            [
+                dist.P2POp(dist.isend, mine, g, self.parent),
+                dist.P2POp(dist.irecv, theirs, g, self.parent),
+            ]
+        )
+        plan = []  # (buffer, own half, peer's half, recv buffer) per chunk, in order
         for i, b in enumerate(buffers):
             recv = self._recv.get((0, i))
             if (
@@ -245,44 +258,35 @@ class Exchange:
                 recv = self._recv[(0, i)] = torch.empty_like(b)
             for sl in self._chunks(b):
                 mid = sl.start + (sl.stop - sl.start) // 2
-                own, other = (
-                    (slice(sl.start, mid), slice(mid, sl.stop))
-                    if first
-                    else (slice(mid, sl.stop), slice(sl.start, mid))
-                )
-                at = len(ops)
-                ops += _nonempty(
-                    [
-                        dist.P2POp(dist.isend, b[other], g, self.parent),
-                        dist.P2POp(dist.irecv, recv[own], g, self.parent),
-                    ]
-                )  # a one-element chunk has an empty half on each side: both skip it alike
-                plan.append((b, own, other, recv, range(at, len(ops))))
-        works = dist.batch_isend_irecv(ops)
-        coalesced = len(works) != len(ops)
-        if coalesced:  # a backend that returns one work for the whole batch
-            for w in works:
-                done(w)
-        else:
-            done(works[0])
-            done(works[1])
+                low, high = slice(sl.start, mid), slice(mid, sl.stop)
+                own, other = (low, high) if first else (high, low)
+                plan.append((b, own, other, recv))
+
+        def phase1(c: int) -> list:
+            b, own, other, recv = plan[c]
+            return post(
+                [
+                    dist.P2POp(dist.isend, b[other], g, self.parent),
+                    dist.P2POp(dist.irecv, recv[own], g, self.parent),
+                ]
+            )  # into a scratch buffer: nothing is used before the tags are checked
+
+        ahead = [phase1(c) for c in range(min(self.window, len(plan)))]
+        done(head)
         check_peers(tag, {peer: theirs}, group)
         back = []
-        for b, own, other, recv, span in plan:
-            if not coalesced:
-                for j in span:  # b[other] sent (it may now be overwritten); my half arrived
-                    done(works[j])
+        for c, (b, own, other, recv) in enumerate(plan):
+            done(ahead[c])  # b[other] sent (it may now be overwritten); my half arrived
             b[own].add_(recv[own]).div_(2)
-            phase2 = _nonempty(
+            back += post(
                 [
                     dist.P2POp(dist.isend, b[own], g, self.parent),
                     dist.P2POp(dist.irecv, b[other], g, self.parent),
                 ]
             )
-            if phase2:
-                back += dist.batch_isend_irecv(phase2)
-        for w in back:
-            done(w)
+            if c + self.window < len(plan):
+                ahead.append(phase1(c + self.window))
+        done(back)
 
 
 def _nonempty(ops: list) -> list:
