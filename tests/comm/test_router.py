@@ -40,8 +40,32 @@ def _routers() -> dict:
     made["small_chunks"] = (r.created, sorted(r.groups), _average_with(r, pairs, 6))
     r = Router(None, pairs)  # the default: no group for pairs
     made["exchange"] = (r.created, sorted(r.groups), _average_with(r, pairs, 6))
+    made["first_ops_on_nccl"] = _first_ops_as_if_nccl()
     dist.barrier()
     return made
+
+
+def _first_ops_as_if_nccl() -> list[str]:
+    """The Router on a group that says it is nccl: which operations reach torch, in order."""
+    seen: list[str] = []
+    real = {n: getattr(dist, n) for n in ("get_backend", "all_reduce", "batch_isend_irecv")}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            seen.append(name)
+            return real[name](*args, **kwargs)
+
+        return call
+
+    dist.get_backend = lambda group=None: dist.Backend.NCCL
+    dist.all_reduce, dist.batch_isend_irecv = spy("all_reduce"), spy("batch_isend_irecv")
+    try:
+        r = Router(None, Shuffle(2, seed=0), device=torch.device("cpu"))
+        _average_with(r, Shuffle(2, seed=0), 1)
+    finally:
+        for n, f in real.items():
+            setattr(dist, n, f)
+    return seen
 
 
 def test_groups_made_and_capped_and_every_path_averages():
@@ -50,6 +74,8 @@ def test_groups_made_and_capped_and_every_path_averages():
     ranks = spawn(_routers, WORLD, timeout_s=120)
     expect_made = {"all_pairs": 6, "capped_pairs": 4, "capped_three": 0, "three": 1, "exchange": 0}
     expect_made["small_chunks"] = 0
+    for r in ranks:  # one all_reduce on the parent group before any point-to-point op
+        assert r.pop("first_ops_on_nccl")[:2] == ["all_reduce", "batch_isend_irecv"]
     for name, made in expect_made.items():
         assert [r[name][0] for r in ranks] == [made] * WORLD, name
     assert len(ranks[0]["all_pairs"][1]) == 3  # rank 0 is in three of the six pairs
