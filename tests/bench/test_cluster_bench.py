@@ -192,6 +192,9 @@ def test_bench_tables_fit_80_columns():
     assert _width(t) <= 80
     assert list(t.columns[-2].cells) == ["never", "never"]
     assert list(t.columns[-1].cells) == ["117", "117"]
+    short = {"s4": {"dssync": {**row, "contention_iter_s": None, "recovery_steps": [None, 14]}}}
+    t = recovery_table(short)
+    assert [list(t.columns[i].cells) for i in (-2, -1)] == [["-"], ["14"]]
     assert (
         recovery_table({"s1": {"ddp": {k: v for k, v in row.items() if "recov" not in k}}}) is None
     )

@@ -60,8 +60,9 @@ def recovery_table(results: dict[str, dict[str, Any]]) -> Table | None:
 
     ``bound`` is the link-rate bound while contended. ``on`` counts steps from the step in which
     contention began until a cycle's mean iteration is within 20% of the contended settled pace;
-    ``off`` the same from its end (see :mod:`dssync.bench.timings`). None when no scenario
-    changed its links.
+    ``off`` the same from its end (see :mod:`dssync.bench.timings`); "-" when the phase had
+    under two steps (the contention's timed window passed inside a stall). None when no
+    scenario changed its links.
     """
     rows = [(s, m, r) for s, ms in results.items() for m, r in ms.items() if "recovery_steps" in r]
     if not rows:
@@ -76,16 +77,24 @@ def recovery_table(results: dict[str, dict[str, Any]]) -> Table | None:
         t.add_column(col, justify="left" if col in ("scenario", "method") else "right")
     for scenario, method, r in rows:
         steps = r.get("recovery_steps") or [None, None]
+        settled = [r.get("contention_iter_s"), r.get("post_contention_iter_s")]
         t.add_row(
             scenario,
             method,
             _s(r.get("pre_contention_iter_s")),
-            _s(r.get("contention_iter_s")),
+            _s(settled[0]),
             _s(r.get("lower_bound_contended_s")),
-            _s(r.get("post_contention_iter_s")),
-            *("never" if k is None else str(k) for k in steps),
+            _s(settled[1]),
+            *(_settle(k, v) for k, v in zip(steps, settled, strict=True)),
         )
     return t
+
+
+def _settle(steps: int | None, settled: float | None) -> str:
+    """Steps to settle; "-" for a phase too short to have a settled pace (a stall outlasted it)."""
+    if settled is None:
+        return "-"
+    return "never" if steps is None else str(steps)
 
 
 def _s(seconds: float | None) -> str:
