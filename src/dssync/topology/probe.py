@@ -83,6 +83,9 @@ def probe_bandwidth(
         torch.zeros(1, dtype=dtype, device=device),
         torch.zeros(1, dtype=dtype, device=device),
     )
+    if backend == dist.Backend.NCCL:  # a communicator's first op must be a collective
+        first = dist.all_reduce(tiny, group=data, async_op=True)
+        wait(first, time.monotonic() + timeout_s, Tag(PROBE, 0, 1), list(range(world)), timeout_s)
     for i, pairs in enumerate(plan):
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         if partner is not None:
