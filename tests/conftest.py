@@ -22,6 +22,7 @@ SLOW = (
     "tests/strategies/test_overlap_cli.py",
     "tests/strategies/test_overlap.py",
     "tests/comm/test_groups_and_buckets.py::test_no_group_is_created_after_construction",
+    "tests/comm/test_router.py",
     "tests/comm/test_groups_and_buckets.py::test_dssync_inside_a_subgroup_averages_only_there",
     "tests/strategies/test_baselines.py::test_train_runs_a_baseline_through_the_registry",
     "tests/strategies/test_ps.py::test_the_fastest_stays_within_s_steps",

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,11 @@ def _bucket_bytes(cfg: TrainConfig) -> int:
 
 
 def _dssync(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+    cfg: TrainConfig,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    topology: Topology | None,
+    pairs: str = "exchange",
 ) -> Strategy:
     schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat)
     return DSSync(
@@ -90,6 +95,7 @@ def _dssync(
         optimizer=opt if cfg.average_momentum else None,
         bucket_bytes=_bucket_bytes(cfg),
         timeout_s=cfg.timeout_s,
+        pairs=pairs,
     )
 
 
@@ -221,6 +227,12 @@ _TABLE = [
         "DS-Sync on fixed groups that never shuffle (ablation)",
         _dssync,
         settings={"schedule": "static"},
+    ),
+    Method(
+        "dssync-allreduce",
+        "DS-Sync with pairs by all_reduce on groups made at start (to compare the pair path)",
+        functools.partial(_dssync, pairs="all_reduce"),
+        settings={"schedule": "shuffle"},
     ),
     Method(
         "dssync-overlap",

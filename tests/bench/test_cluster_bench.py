@@ -9,10 +9,10 @@ import torch
 
 from dssync.bench.bounds import lower_bound
 from dssync.bench.cluster_worker import device_for
-from dssync.bench.timings import recovery
+from dssync.bench.timings import percentile, recovery, settle, summarize
 from dssync.cli import main
 from dssync.cluster import ClusterError, load_cluster, require_root_and_tools
-from dssync.report.bench import bench_table
+from dssync.report.bench import bench_table, recovery_table
 
 
 def _root_reason() -> str | None:
@@ -32,16 +32,62 @@ def test_lower_bounds_follow_the_bottleneck():
     assert lower_bound(s3, "dssync-topo", m) < lower_bound(s3, "ddp", m) / 4
 
 
-def test_recovery_counts_steps_after_contention():
-    iters = [1.0] * 10 + [5.0] * 10 + [3.0] * 4 + [1.0] * 10
+def _timeline(iters: list[float]) -> list[dict]:
     timeline, t = [], 0.0
     for i, v in enumerate(iters):
         t += v
         timeline.append({"step": i, "end": t, "iter_s": v})
-    applied = [(timeline[10]["end"] - 0.1, 100.0), (timeline[20]["end"] - 0.1, 1000.0)]
+    return timeline
+
+
+def test_recovery_counts_steps_until_a_cycle_is_within_20_percent():
+    # contention at steps 10-29: a 30 s stall at its start; after it ends, 3 slow steps
+    iters = [1.0] * 10 + [30.0] + [5.0] * 19 + [3.0] * 3 + [1.0] * 17
+    timeline = _timeline(iters)
+    applied = [(timeline[10]["end"] - 0.1, 100.0), (timeline[30]["end"] - 0.1, 1000.0)]
     out = recovery(timeline, applied, warmup=2, repeat=4)
-    assert out["contention_steps"] == [10, 20] and out["pre_contention_iter_s"] == 1.0
-    assert out["recovery_steps"] == 3 and out["recovery_cycles"] == 0.75
+    assert out["contention_steps"] == [10, 30]
+    assert out["pre_contention_iter_s"] == 1.0 == out["post_contention_iter_s"]
+    assert out["contention_iter_s"] == 5.0
+    # a window of 4 holding the stall is far off; the first without it starts one step later
+    assert out["recovery_steps"] == [1, 3]
+
+
+def test_recovery_a_median_would_hide_the_stall_but_this_does_not():
+    iters = [0.5] * 20 + [30.0] + [0.5] * 39 + [0.5] * 40
+    timeline = _timeline(iters)
+    applied = [(timeline[20]["end"] - 0.1, 100.0), (timeline[60]["end"] - 0.1, 1000.0)]
+    out = recovery(timeline, applied, warmup=3, repeat=8)
+    assert out["recovery_steps"] == [1, 0]  # was "0 steps": a median window ignored the 30 s step
+
+
+def test_recovery_of_a_drifting_pace_is_late_and_short_phases_say_nothing():
+    iters = [1.0] * 10 + [1.0 + 0.5 * i for i in range(20)] + [1.0] * 10
+    timeline = _timeline(iters)
+    applied = [(timeline[10]["end"] - 0.1, 100.0), (timeline[30]["end"] - 0.1, 1000.0)]
+    on, off = recovery(timeline, applied, warmup=2, repeat=4)["recovery_steps"]
+    assert on is not None and on > 5 and off == 0
+    assert settle([1.0, 9.0], 4) == (9.0, 1)  # windows of one step: settled on the last
+    assert settle([], 4) == (None, None)
+
+
+def test_tail_is_per_step_slowest_rank_after_warm_up():
+    def ranks(per_rank: list[list[float]]) -> list[dict]:
+        out = []
+        for times in per_rank:
+            t, rec = 0.0, []
+            for d in times:
+                rec.append([t, t + d, d / 2])
+                t += d
+            out.append({"records": rec})
+        return out
+
+    a = [9.0] + [1.0] * 199  # step 0 is warm-up: left out of the tail
+    b = [1.0] * 50 + [4.0] + [1.0] * 149
+    c = [1.0] * 70 + [2.0] + [1.0] * 129  # 199 steps: p99 is the second slowest
+    out = summarize(ranks([a, b, c]), warmup=1)
+    assert out["worst_iter_s"] == 4.0 and out["p99_iter_s"] == 2.0
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
 
 
 @pytest.mark.root
@@ -106,5 +152,49 @@ def test_bounds_know_aliases_and_leave_unmodelled_methods_blank():
             },
             1000,
         ).row_count
-        == 1
+        == 2  # the scenario's heading row and the method's
+    )
+
+
+def _width(table) -> int:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(table)
+    return max(len(line) for line in console.export_text().splitlines())
+
+
+def test_bench_tables_fit_80_columns():
+    row = {
+        "iter_time_s": 31.234,
+        "sync_time_s": 30.5,
+        "p99_iter_s": 45.123,
+        "worst_iter_s": 123.456,
+        "lower_bound_s": 0.128,
+        "max_link_bytes_per_iter": 123.4e6,
+        "ratio_to_ddp": 12.34,
+        "compute_s": 0.1,
+        "exposed_s": 31.1,
+        "ratio_to_hidden": 11.1,
+        "pre_contention_iter_s": 0.5,
+        "contention_iter_s": 12.345,
+        "lower_bound_contended_s": 0.3,
+        "post_contention_iter_s": 0.5,
+        "recovery_steps": [None, 117],
+    }
+    results = {
+        "s4-dynamic-longer-name": {m: row for m in ("dssync-topo-overlap", "dssync-allreduce")}
+    }
+    for compute_ms in (0.0, 100.0):
+        t = bench_table(results, 4_000_000, compute_ms)
+        assert _width(t) <= 80, compute_ms
+    t = recovery_table(results)
+    assert _width(t) <= 80
+    assert list(t.columns[-2].cells) == ["never", "never"]
+    assert list(t.columns[-1].cells) == ["117", "117"]
+    short = {"s4": {"dssync": {**row, "contention_iter_s": None, "recovery_steps": [None, 14]}}}
+    t = recovery_table(short)
+    assert [list(t.columns[i].cells) for i in (-2, -1)] == [["-"], ["14"]]
+    assert (
+        recovery_table({"s1": {"ddp": {k: v for k, v in row.items() if "recov" not in k}}}) is None
     )

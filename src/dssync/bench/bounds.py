@@ -97,7 +97,7 @@ def lower_bound(
         )
     if method == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
-    if method == "dssync":
+    if method in ("dssync", "dssync-allreduce"):
         return schedule_bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
     if method == "dssync-topo":
         topo = spec.topology()

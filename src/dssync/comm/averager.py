@@ -5,9 +5,19 @@ parent group), it picks how the bytes move, with no process group created after 
 
 * the whole parent group: a collective on the parent group itself;
 * a group of a repeating schedule with more than two members: a collective on a group made at
-  construction (when the parent group is the world; see :meth:`Router.prepare`);
-* anything else (pairs, and groups of a schedule that never repeats): point-to-point exchange on
-  the parent group (:class:`~dssync.comm.exchange.Exchange`).
+  construction (when the parent group is the world; see :meth:`Router.prepare`), at most
+  ``max_groups`` of them (a long cycle of larger groups would otherwise hold thousands);
+* anything else (pairs, groups beyond the cap, groups of a schedule that never repeats):
+  point-to-point exchange on the parent group (:class:`~dssync.comm.exchange.Exchange`).
+
+``pairs="all_reduce"`` makes pairs groups too (a repeating schedule's pairs, or every pair of the
+world for a schedule of pairs that never repeats, within the cap), so that the two paths can be
+compared in the same run (``dssync bench --method dssync-allreduce``); the default exchange path
+needs no group per pair at any world size.
+
+On nccl the first point-to-point operation of a communicator must not come before any
+collective, so a Router on an nccl group runs one all_reduce of one element on ``device`` (the
+parameters' device; by default the current CUDA device) at construction.
 
 Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout) checked after the
 transfer, and every wait is bounded by ``timeout_s`` (see :mod:`dssync.comm.exchange`).
@@ -21,7 +31,9 @@ and unpacked: one flatten/reduce/copy routine for every strategy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+import time
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,12 +41,20 @@ from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
-from dssync.comm.exchange import DEFAULT_CHUNK_BYTES, Exchange, RollCall, collective_average
-from dssync.comm.tags import AVERAGER, Tag, layout_of
+from dssync.comm.exchange import (
+    DEFAULT_CHUNK_BYTES,
+    Exchange,
+    RollCall,
+    collective_average,
+    wait,
+)
+from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 
 DEFAULT_TIMEOUT_S = 120.0
+MAX_GROUPS = 256  # process groups one Router makes at most; beyond, groups go point to point
+PAIRS = ("exchange", "all_reduce")
 
 
 class Router:
@@ -57,7 +77,12 @@ class Router:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        pairs: str = "exchange",
+        max_groups: int = MAX_GROUPS,
+        device: torch.device | None = None,
     ) -> None:
+        if pairs not in PAIRS:
+            raise UsageError(f"pairs={pairs!r}: choose one of {', '.join(PAIRS)}")
         if not timeout_s or timeout_s <= 0:
             raise UsageError(
                 f"timeout_s={timeout_s!r} must be a positive number of seconds; "
@@ -73,36 +98,60 @@ class Router:
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()
         self.created = 0
+        self.pairs = pairs
+        self.max_groups = max_groups
+        if dist.get_backend(self.parent) == dist.Backend.NCCL:
+            self._first_collective(device)
         if schedule is not None:
             self.prepare(schedule)
 
+    def _first_collective(self, device: torch.device | None) -> None:
+        """One all_reduce of one element on the parent group, before any point-to-point op."""
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        one = torch.zeros(1, device=device)
+        work = dist.all_reduce(one, group=self.parent, async_op=True)
+        members = list(range(self.size))
+        wait(work, time.monotonic() + self.timeout_s, Tag(ALL, -1, 1), members, self.timeout_s)
+
     def prepare(self, schedule: Schedule) -> None:
-        """Make the groups of more than two ranks that a repeating ``schedule`` uses (collective).
+        """Make the groups of more than two ranks (and pairs, with ``pairs="all_reduce"``) that
+        ``schedule`` uses (collective).
 
         Every rank of the world calls ``new_group`` for every such group, in one sorted order
         (groups made with ``use_local_synchronization`` by overlapping sets of ranks were seen to
         deadlock in gloo's connection set-up). Inside a parent group that is not the world, whose
-        outsiders cannot join in, those groups average point to point instead.
+        outsiders cannot join in, those groups average point to point instead. Once the Router
+        holds ``max_groups`` groups it makes no more: the rest average point to point.
         """
-        cycle = schedule.cycle(self.size)
-        if cycle is None or self.parent is not dist.group.WORLD:
+        if self.parent is not dist.group.WORLD:
             return
-        wanted = sorted(
-            {
-                tuple(g)
-                for s in range(cycle)
-                for g in schedule.partition(s, self.size)
-                if 2 < len(g) < self.size
-            }
-        )
-        for key in wanted:
-            if key not in self.groups and key not in self._elsewhere:
-                pg = dist.new_group(list(key))
-                self.created += 1
-                if self.rank in key:
-                    self.groups[key] = pg
-                else:
-                    self._elsewhere.add(key)
+        smallest = 2 if self.pairs == "all_reduce" else 3
+        room = max(self.max_groups - len(self.groups) - len(self._elsewhere), 0)
+        new: list[tuple[int, ...]] = []  # in order of first use, so a long cycle stops early
+        for key in self._wanted(schedule, smallest):
+            if len(new) >= room:
+                break
+            if key not in self.groups and key not in self._elsewhere and key not in new:
+                new.append(key)
+        for key in sorted(new):
+            pg = dist.new_group(list(key))
+            self.created += 1
+            if self.rank in key:
+                self.groups[key] = pg
+            else:
+                self._elsewhere.add(key)
+
+    def _wanted(self, schedule: Schedule, smallest: int) -> Iterator[tuple[int, ...]]:
+        """Groups worth making for ``schedule``, in order of first use (the same on every rank)."""
+        cycle = schedule.cycle(self.size)
+        if cycle is not None:
+            for s in range(cycle):
+                for g in schedule.partition(s, self.size):
+                    if smallest <= len(g) < self.size:
+                        yield tuple(g)
+        elif smallest == 2 and all(len(g) <= 2 for g in schedule.partition(0, self.size)):
+            yield from itertools.combinations(range(self.size), 2)  # pairs that never repeat
 
     def average(
         self,

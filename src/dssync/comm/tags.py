@@ -32,12 +32,13 @@ import torch
 from dssync.errors import SyncError
 from dssync.hashing import fingerprint
 
-STEP, ALL, AVERAGER, BROADCAST = 1, 2, 3, 4
+STEP, ALL, AVERAGER, BROADCAST, PROBE = 1, 2, 3, 4, 5
 KIND_NAMES = {
     STEP: "a schedule step",
     ALL: "average_all()",
     AVERAGER: "GroupAverager",
     BROADCAST: "the start-up broadcast",
+    PROBE: "the bandwidth probe",
 }
 
 

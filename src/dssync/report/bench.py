@@ -5,67 +5,104 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 
 def bench_table(results: dict[str, dict[str, Any]], params: int, compute_ms: float = 0.0) -> Table:
-    """One row per (scenario, method): iteration, compute, exposed and sync time, ratios, bytes.
+    """One heading row per scenario, one row per method; seconds per iteration; fits 80 columns.
 
-    ``compute`` is a step with no synchronization, timed by each rank before training;
-    ``exposed`` is iteration minus compute (the averaging time not hidden behind compute);
-    ``vs max(C, A)`` is an overlapped method's iteration over the larger of compute and its
-    blocking counterpart's sync time in the same run (1.0 would hide all of it).
+    ``mean`` is the pace after warm-up; ``p99`` and ``worst`` are over the steps after warm-up,
+    each step timed on its slowest rank; ``x DDP`` is the mean over DDP's in the same run;
+    ``bound`` is the link-rate lower bound (:mod:`dssync.bench.bounds`) and ``x bound`` the mean
+    over it; ``MB/it`` the bytes on the busiest link per iteration. With matrix work per step
+    (``compute_ms``), ``compute`` (a step with no synchronization, timed by each rank before
+    training), ``exposed`` (mean minus compute) and ``x max`` (an overlapped method's mean over
+    max(C, A): the larger of compute and its blocking counterpart's sync time in the same run;
+    1.0 would hide all of it) take the places of sync and the bound.
     """
-    work = f", {compute_ms:g} ms of matrix work per step" if compute_ms else ""
+    work = f", {compute_ms:g} ms of work a step" if compute_ms else ""
     t = Table(
-        title=f"dssync bench: flat model of {params:,} parameters{work} (means per iteration)"
+        title=f"dssync bench: {params:,} parameters{work}; s per iteration",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
     )
-    for col in [
-        "scenario",
-        "method",
-        "iteration",
-        "compute",
-        "exposed",
-        "sync",
-        "vs DDP",
-        "vs max(C, A)",
-        "lower bound",
-        "busiest link / iter",
-        "S4 recovery",
-    ]:
-        t.add_column(col, justify="left" if col in ("scenario", "method") else "right")
+    cols = ["method", "mean", "p99", "worst", "sync", "x DDP", "bound", "x bound", "MB/it"]
+    if compute_ms:
+        cols = ["method", "mean", "p99", "worst", "compute", "exposed", "x max", "x DDP", "MB/it"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "method" else "right")
     for scenario, methods in results.items():
+        t.add_row(f"[bold]{scenario}[/bold]", *[""] * (len(cols) - 1))
         for method, r in methods.items():
-            ratio = r.get("ratio_to_ddp")
-            rec = r.get("recovery_cycles")
-            rec_text = (
-                ""
-                if "recovery_steps" not in r
-                else (
-                    "not recovered"
-                    if rec is None
-                    else f"{r['recovery_steps']} steps ({rec:.2f} cycles)"
-                )
-            )
-            hidden = r.get("ratio_to_hidden")
-            t.add_row(
-                scenario,
-                method,
-                _ms(r["iter_time_s"]),
-                _ms(r.get("compute_s")),
-                _ms(r.get("exposed_s")),
-                _ms(r["sync_time_s"]),
-                "" if ratio is None else f"{ratio:.2f}x",
-                "" if hidden is None else f"{hidden:.2f}x",
-                _ms(r["lower_bound_s"]),
-                f"{r['max_link_bytes_per_iter'] / 1e6:.1f} MB",
-                rec_text,
-            )
+            bound = r.get("lower_bound_s")
+            cells = {
+                "method": f" {method}",
+                "mean": _s(r["iter_time_s"]),
+                "p99": _s(r.get("p99_iter_s")),
+                "worst": _s(r.get("worst_iter_s")),
+                "sync": _s(r["sync_time_s"]),
+                "compute": _s(r.get("compute_s")),
+                "exposed": _s(r.get("exposed_s")),
+                "x max": _x(r.get("ratio_to_hidden")),
+                "x DDP": _x(r.get("ratio_to_ddp")),
+                "bound": _s(bound),
+                "x bound": _x(r["iter_time_s"] / bound if bound else None),
+                "MB/it": f"{r['max_link_bytes_per_iter'] / 1e6:.1f}",
+            }
+            t.add_row(*(cells[c] for c in cols))
     return t
 
 
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1000:.0f} ms"
+def recovery_table(results: dict[str, dict[str, Any]]) -> Table | None:
+    """Scenarios with timed link changes: settled paces and the steps each change took to settle.
+
+    ``bound`` is the link-rate bound while contended. ``on`` counts steps from the step in which
+    contention began until a cycle's mean iteration is within 20% of the contended settled pace;
+    ``off`` the same from its end (see :mod:`dssync.bench.timings`); "-" when the phase had
+    under two steps (the contention's timed window passed inside a stall). None when no
+    scenario changed its links.
+    """
+    rows = [(s, m, r) for s, ms in results.items() for m, r in ms.items() if "recovery_steps" in r]
+    if not rows:
+        return None
+    t = Table(
+        title="contention changes: settled s/iteration, steps to settle",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
+    )
+    for col in ["scenario", "method", "before", "during", "bound", "after", "on", "off"]:
+        t.add_column(col, justify="left" if col in ("scenario", "method") else "right")
+    for scenario, method, r in rows:
+        steps = r.get("recovery_steps") or [None, None]
+        settled = [r.get("contention_iter_s"), r.get("post_contention_iter_s")]
+        t.add_row(
+            scenario,
+            method,
+            _s(r.get("pre_contention_iter_s")),
+            _s(settled[0]),
+            _s(r.get("lower_bound_contended_s")),
+            _s(settled[1]),
+            *(_settle(k, v) for k, v in zip(steps, settled, strict=True)),
+        )
+    return t
+
+
+def _settle(steps: int | None, settled: float | None) -> str:
+    """Steps to settle; "-" for a phase too short to have a settled pace (a stall outlasted it)."""
+    if settled is None:
+        return "-"
+    return "never" if steps is None else str(steps)
+
+
+def _s(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.3f}"
+
+
+def _x(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}x"
 
 
 def bench_plot(results: dict[str, dict[str, Any]], path: str | Path) -> None:

@@ -48,6 +48,8 @@ class DSSync(Strategy, Joinable):
         average_frozen: also average parameters with ``requires_grad=False`` (default: they are
             only broadcast from rank 0 at start, so they never drift).
         timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
+        pairs: how pairs average: ``"exchange"`` (point to point, no group per pair) or
+            ``"all_reduce"`` (on pair groups made at construction; for comparison).
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -85,6 +87,7 @@ class DSSync(Strategy, Joinable):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         average_frozen: bool = False,
+        pairs: str = "exchange",
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
@@ -101,7 +104,15 @@ class DSSync(Strategy, Joinable):
         self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
-        self.router = Router(process_group, self.schedule, self.timeout_s, bucket_bytes)
+        first = self._buckets.buffers[0] if self._buckets.buffers else None
+        self.router = Router(
+            process_group,
+            self.schedule,
+            self.timeout_s,
+            bucket_bytes,
+            pairs=pairs,
+            device=None if first is None else first.device,
+        )
         if broadcast_init:
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())

@@ -18,12 +18,15 @@ are metadata and go through a gloo group (the same group when training runs gloo
 from __future__ import annotations
 
 import statistics
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from dssync.comm.clock import clock
+from dssync.comm.exchange import wait
+from dssync.comm.tags import PROBE, Tag
 from dssync.topology.model import Topology
 
 
@@ -80,13 +83,16 @@ def probe_bandwidth(
         torch.zeros(1, dtype=dtype, device=device),
         torch.zeros(1, dtype=dtype, device=device),
     )
+    if backend == dist.Backend.NCCL:  # a communicator's first op must be a collective
+        first = dist.all_reduce(tiny, group=data, async_op=True)
+        wait(first, time.monotonic() + timeout_s, Tag(PROBE, 0, 1), list(range(world)), timeout_s)
     for i, pairs in enumerate(plan):
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         if partner is not None:
             peer = ranks[partner]
-            _swap(tiny, tiny_in, peer, data)
+            _swap(tiny, tiny_in, peer, data, timeout_s)
             t0 = clock(device)
-            _swap(send, recv, peer, data)
+            _swap(send, recv, peer, data, timeout_s)
             rates[i, rank] = send.numel() * item * 8 / (clock(device) - t0) / 1e6
         dist.barrier(group=meta)
     dist.all_reduce(rates, group=meta)
@@ -111,10 +117,20 @@ def _probe_group(ranks: list[int], backend: str, timeout_s: float) -> dist.Proce
     )
 
 
-def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, pg: dist.ProcessGroup) -> None:
-    works = [dist.isend(out, peer, group=pg), dist.irecv(into, peer, group=pg)]
-    for w in works:
-        w.wait()
+def _swap(
+    out: torch.Tensor, into: torch.Tensor, peer: int, pg: dist.ProcessGroup, timeout_s: float
+) -> None:
+    """Send ``out`` to global rank ``peer`` while receiving ``into`` from it, in one batch.
+
+    One ``batch_isend_irecv`` posts both (separate isend and irecv calls may deadlock on nccl,
+    where each opens its own group call); each wait is bounded by ``timeout_s`` and a peer that
+    never answers raises :class:`~dssync.errors.PeerLost`.
+    """
+    ops = [dist.P2POp(dist.isend, out, peer, pg), dist.P2POp(dist.irecv, into, peer, pg)]
+    deadline = time.monotonic() + timeout_s
+    tag = Tag(PROBE, 0, out.numel())
+    for w in dist.batch_isend_irecv(ops):
+        wait(w, deadline, tag, [dist.get_rank(), peer], timeout_s, [peer])
 
 
 def infer_rates(
