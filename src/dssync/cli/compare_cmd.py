@@ -75,7 +75,11 @@ def compare_cmd(
     out_dir: str,
     json_path: str | None,
 ) -> None:
-    """Train WORKLOAD with each method and seed; write a report folder and print the summary."""
+    """Train WORKLOAD with each method and seed; write a report folder and print the summary.
+
+    With no options: BSP and DS-Sync, 3 seeds, the workload's own epochs, batch and rate. Each run
+    also keeps an SWA average over its last quarter unless --swa-start says where to start.
+    """
     base = cfg if cfg.swa_start is not None else replace(cfg, swa_start=SWA_START)
     for m in methods:
         validate(replace(base, sync=m), workers)
