@@ -50,5 +50,6 @@ def test_compare_reports_progress_of_each_run_and_that_swa_is_on(tmp_path):
         by_method.setdefault(name, []).append(step)
     assert sorted(by_method) == ["bsp", "dssync"]
     assert all(steps == list(range(2, 21, 2)) for steps in by_method.values()), by_method
-    assert sum("SWA on by default" in line for line in r.stdout.splitlines()) == 1
+    swa = [line for line in r.stdout.splitlines() if "SWA on by default" in line]
+    assert len(swa) == 1 and swa[0].endswith("(--swa-start)"), r.stdout  # one unbroken line
     assert max(len(line) for line in r.stdout.splitlines()) <= 80, r.stdout

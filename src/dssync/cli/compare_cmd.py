@@ -86,7 +86,7 @@ def compare_cmd(
     if cfg.swa_start is None:
         console.print(
             f"SWA on by default: weights averaged over each run's last {1 - SWA_START:.0%} "
-            "(--swa-start F to move)"
+            "(--swa-start)"
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,9 +98,8 @@ def compare_cmd(
         )
 
     with runner_for(cluster, workers) as runner:
-        console.print(
-            f"comparing {', '.join(methods)} on {cfg.workload}, {seeds} seed(s), {runner.where}"
-        )
+        console.print(f"comparing {', '.join(methods)} on {cfg.workload}, {seeds} seed(s)")
+        console.print(f"  on {runner.where}")
         runs = compare(base, methods, list(range(seeds)), runner, on_run=done)
     bsp = next((m for m in methods if get_method(m).name == "bsp"), "bsp")  # "ddp" too
     summary = summarize(runs, target, reference=bsp)
