@@ -261,6 +261,9 @@ _TABLE = [
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _TABLE}
+# What `dssync compare` runs unless --methods says otherwise: the baseline and the recommended
+# DS-Sync method, so a first run answers "is DS-Sync as good as DDP here, and faster?".
+DEFAULT_METHODS: tuple[str, ...] = ("bsp", "dssync")
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
 
 

@@ -56,6 +56,12 @@ CASES = {
         lambda t: [*TRAIN, "--swa-lr", "0.01"],
         ["--swa-lr", "add --swa-start"],
     ),
+    "workload option not KEY=VALUE": (
+        lambda t: [*TRAIN, "--workload-option", "hidden"],
+        ["--workload-option", "KEY=VALUE", "hidden=2048"],
+    ),
+    "powersgd rank zero": (lambda t: [*TRAIN, "--powersgd-rank", "0"], ["--powersgd-rank", "0"]),
+    "negative staleness": (lambda t: [*TRAIN, "--staleness", "-1"], ["--staleness", "-1"]),
     "group size too large": (
         lambda t: [*TRAIN, "--group-size", "5"],
         ["--group-size 5", "use a group size from 1 to 2"],

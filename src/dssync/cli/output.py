@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from dssync.report.tables import compact_table
 from dssync.train.summary import write_json
 
 __all__ = ["console", "fmt_ms", "public_summary", "training_table", "write_json"]
 
-# Piped or captured output gets a fixed width so tables are not squeezed into 80 columns.
-console = Console() if sys.stdout.isatty() else Console(width=160)
+# The terminal's width; 80 columns when piped or captured (every table fits: report.tables).
+console = Console()
 
 
 def fmt_ms(seconds: float) -> str:
@@ -21,31 +21,37 @@ def fmt_ms(seconds: float) -> str:
 
 
 def training_table(summaries: list[dict[str, Any]]) -> Table:
-    """One row per run: final metric, worker spread, consensus distance, time split."""
-    metric = summaries[0]["metric_name"]
-    t = Table(title=f"{summaries[0]['workload']} on {summaries[0]['world_size']} workers")
-    for col in [
-        "method",
-        f"{metric} (averaged model)",
-        f"{metric} per worker",
-        "consensus distance",
-        "iteration",
-        "compute",
-        "sync",
-    ]:
-        t.add_column(col, justify="right" if col != "method" else "left")
-    for s in summaries:
-        workers = ", ".join(f"{m:.4f}" for m in s["worker_metric"])
-        t.add_row(
-            _method(s),
-            f"{s['final_metric']:.4f}",
-            workers,
-            f"{s['consensus_distance']:.2e}",
-            fmt_ms(s["iter_time_s"]),
-            fmt_ms(s["compute_time_s"]),
-            fmt_ms(s["sync_time_s"]),
-        )
+    """What one run reached and what its steps cost, a row per figure and a column per run (80
+    columns for one run on any number of workers: the per-worker figures wrap four to a line)."""
+    first = summaries[0]
+    metric = first["metric_name"]
+    t = compact_table(
+        f"{first['workload']} on {first['world_size']} workers", ["", *map(_method, summaries)]
+    )
+    rows = [
+        (f"{metric} (averaged model)", lambda s: f"{s['final_metric']:.4f}"),
+        (f"{metric} per worker", lambda s: _per_worker(s["worker_metric"])),
+        ("SWA ensemble", lambda s: _maybe(s.get("swa_metric"))),
+        ("consensus distance", lambda s: f"{s['consensus_distance']:.2e}"),
+        ("iteration", lambda s: fmt_ms(s["iter_time_s"])),
+        ("compute", lambda s: fmt_ms(s["compute_time_s"])),
+        ("sync", lambda s: fmt_ms(s["sync_time_s"])),
+    ]
+    for label, cell in rows:
+        if label == "SWA ensemble" and all(s.get("swa_metric") is None for s in summaries):
+            continue  # no --swa-start
+        t.add_row(label, *(cell(s) for s in summaries))
     return t
+
+
+def _per_worker(values: list[float], per_line: int = 4) -> str:
+    text = [f"{v:.4f}" for v in values]
+    lines = [", ".join(text[i : i + per_line]) for i in range(0, len(text), per_line)]
+    return "\n".join(lines)
+
+
+def _maybe(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _method(s: dict[str, Any]) -> str:

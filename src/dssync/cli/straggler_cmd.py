@@ -8,6 +8,7 @@ from rich.table import Table
 from dssync.cli.output import console, fmt_ms, write_json
 from dssync.experiments.straggler import DEFAULT_METHODS, StragglerSettings, straggler_bench
 from dssync.methods import choices, parse_methods
+from dssync.report.tables import compact_table
 from dssync.workloads import WORKLOADS
 
 
@@ -52,12 +53,20 @@ def bench_straggler(
         methods=tuple(parse_methods(methods)),
     )
     rows = straggler_bench(settings)
-    table = Table(
-        title=f"{workload}, {workers} workers, rank {slow_rank} +{slow_ms:g} ms/step, {steps} steps "
+    title = (
+        f"{workload}, {workers} workers, rank {slow_rank} +{slow_ms:g} ms/step, {steps} steps "
         "(mean iteration time of the other ranks)"
     )
-    for col in ["method", "without straggler", "with straggler", "added", "slowdown"]:
-        table.add_column(col, justify="left" if col == "method" else "right")
+    console.print(straggler_table(rows, title))
+    if json_path:
+        write_json(json_path, rows)
+
+
+def straggler_table(rows: list[dict], title: str) -> Table:
+    """One row per method: the others' iteration time without and with the straggler."""
+    table = compact_table(
+        title, ["method", "without straggler", "with straggler", "added", "slowdown"]
+    )
     for r in rows:
         table.add_row(
             r["method"],
@@ -66,6 +75,4 @@ def bench_straggler(
             f"{r['added_ms']:.2f} ms",
             f"{r['slowdown']:.2f}x",
         )
-    console.print(table)
-    if json_path:
-        write_json(json_path, rows)
+    return table

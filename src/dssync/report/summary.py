@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
+from dssync.report.tables import compact_table
+
 
 def time_to_target(
     evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool
@@ -82,20 +84,22 @@ def summarize(
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """The comparison as a terminal table: one row per method (what `dssync compare` prints)."""
-    t = Table(title=f"target {summary['target']:.4f} ({summary['target_source']})")
-    for col in [
-        "method",
-        "final (mean ± std)",
-        "SWA",
-        "time to target",
-        "it/s",
-        "sync/it",
-        "consensus",
-    ]:
-        t.add_column(col, justify="left" if col == "method" else "right")
+    """The comparison as a terminal table (80 columns): one row per method, what `dssync compare`
+    prints. Time to target in training seconds, sync in ms per iteration."""
+    t = compact_table(
+        f"target {summary['target']:.4f} ({summary['target_source']})",
+        [
+            "method",
+            "final\n(mean ± std)",
+            "SWA",
+            "time to\ntarget",
+            "it/s",
+            "sync\nms/it",
+            "consensus",
+        ],
+    )
     for name, m in summary["methods"].items():
-        ttt = "n/a" if m["time_to_target_s"] is None else f"{m['time_to_target_s']:.2f} s"
+        ttt = "n/a" if m["time_to_target_s"] is None else _seconds(m["time_to_target_s"])
         swa = "n/a" if m["swa_metric"] is None else f"{m['swa_metric']:.4f}"
         t.add_row(
             name,
@@ -103,7 +107,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
             swa,
             ttt,
             f"{m['iterations_per_s']:.1f}",
-            f"{m['sync_time_s'] * 1000:.2f} ms",
-            f"{m['consensus_distance']:.2e}",
+            f"{m['sync_time_s'] * 1000:.2f}",
+            f"{m['consensus_distance']:.1e}",
         )
     return t
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 100 else f"{s:.0f} s"

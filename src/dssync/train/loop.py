@@ -8,7 +8,6 @@ small named piece in this package (``data``, ``lr``, ``swa``, ``state``, ``summa
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from dssync.train.device import Clock, resolve_device, to_device
 from dssync.train.factory import build_strategy
 from dssync.train.hooks import StepHook
 from dssync.train.lr import LRSchedule
+from dssync.train.progress import Progress
 from dssync.train.resume import run_header
 from dssync.train.state import Checkpointer, RunState
 from dssync.train.summary import eval_record, summarize
@@ -55,7 +55,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     run, phase.average = restore(cfg, saver)
     hook.started(rank, strategy)
     clock = Clock(device)
-    progress = Progress(cfg, rank, total, run.step)
+    progress = Progress.of(cfg, rank, total, run.step, data.steps_per_epoch)
     loop_start = clock.now()
     while run.step < total:
         batch = to_device(data.batch(run.step), device)
@@ -65,7 +65,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         run.log[-1].update(
             loss=loss, lr=optimizer.param_groups[0]["lr"], epoch=data.epoch(run.step - 1)
         )
-        progress.update(loss)
+        progress.update(run.step, loss)
         if evaluation_due(cfg, run.step, data.steps_per_epoch, total):
             epoch = data.epoch(run.step - 1)
             run.evals.append(
@@ -218,30 +218,3 @@ def evaluation_due(cfg: TrainConfig, step: int, steps_per_epoch: int, total: int
 def checkpoint_due(cfg: TrainConfig, step: int, steps_per_epoch: int, total: int) -> bool:
     """Every ``cfg.checkpoint_every`` steps (default: each epoch) and at the end of the run."""
     return step % (cfg.checkpoint_every or steps_per_epoch) == 0 or step == total
-
-
-class Progress:
-    """A progress bar on rank 0 (none when disabled or when stderr is not a terminal)."""
-
-    def __init__(self, cfg: TrainConfig, rank: int, total: int, done: int) -> None:
-        self.bar = None
-        if rank == 0 and cfg.progress and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=total,
-                initial=done,
-                desc=f"{cfg.sync} {cfg.workload}",
-                unit="step",
-                leave=False,
-                dynamic_ncols=True,
-            )
-
-    def update(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.3f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -35,6 +35,9 @@ class Workload(ABC):
     name: str = ""
     metric_name: str = "accuracy"
     higher_is_better: bool = True
+    # The defaults of `dssync train` and `dssync compare`: settings that reach a converged,
+    # comparable result in minutes on a 2-core CPU (README, "Measured here").
+    epochs: int = 3
     batch_size: int = 32
     lr: float = 0.05
     lr_schedule: str = "constant"  # see dssync.train.lr

