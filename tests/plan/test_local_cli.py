@@ -24,7 +24,7 @@ def test_two_local_ranks_are_measured_and_predicted():
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout)
     assert got["world"] == 2 and got["params"] == 4938
-    assert [c.split()[0] for c in got["commands"]] == ["bench-sync", "train", "train"]
+    assert [c.split()[1] for c in got["commands"]] == ["bench-sync", "train", "train"]
     assert got["host_s_per_byte"] > 0
     for method in ("dssync", "bsp"):
         measured = got["measured"][method]

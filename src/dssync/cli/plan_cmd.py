@@ -12,6 +12,7 @@ from rich.console import Console
 from dssync.errors import UsageError
 from dssync.plan.clusters import cluster_for, to_toml
 from dssync.plan.tables import SCALES, make_plan, plan_table, scale_table
+from dssync.workloads import WORKLOADS
 
 TABLE_TOPOLOGIES = (
     "s1-homogeneous",
@@ -103,6 +104,7 @@ TABLE_TOPOLOGIES = (
 )
 @click.option(
     "--workload",
+    type=click.Choice(sorted(WORKLOADS)),
     default="digits",
     show_default=True,
     help="With --measure-local: the workload trained (a tiny model).",
