@@ -15,6 +15,7 @@ SLOW = (
     "tests/workloads/",
     "tests/cli/",
     "tests/bench/",
+    "tests/plan/test_local_cli.py",
     "tests/train/test_elastic_resume.py",
     "tests/train/test_resume.py",
     "tests/train/test_faults.py",

@@ -12,6 +12,7 @@ from rich.console import Console
 from dssync.errors import UsageError
 from dssync.plan.clusters import cluster_for, to_toml
 from dssync.plan.tables import SCALES, make_plan, plan_table, scale_table
+from dssync.workloads import WORKLOADS
 
 TABLE_TOPOLOGIES = (
     "s1-homogeneous",
@@ -87,6 +88,28 @@ TABLE_TOPOLOGIES = (
     help="With --validate: the CPU's cost per byte from a `dssync bench-sync --json` file.",
 )
 @click.option(
+    "--measure-local",
+    type=click.IntRange(2, 64),
+    default=None,
+    metavar="N",
+    help="Run `dssync train` with N local ranks (dssync, bsp) and bench-sync; measured against "
+    "predicted averaging time on this machine.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(1),
+    default=30,
+    show_default=True,
+    help="With --measure-local: training steps per run.",
+)
+@click.option(
+    "--workload",
+    type=click.Choice(sorted(WORKLOADS)),
+    default="digits",
+    show_default=True,
+    help="With --measure-local: the workload trained (a tiny model).",
+)
+@click.option(
     "--write-topology",
     type=click.Path(dir_okay=False),
     default=None,
@@ -103,6 +126,9 @@ def plan(
     validate_path,
     rates,
     host_json,
+    measure_local,
+    steps,
+    workload,
     write_topology,
 ) -> None:
     """Predict each method's iteration time and DS-Sync's steps to consensus (no network used)."""
@@ -110,12 +136,17 @@ def plan(
     latency_s = latency_us * 1e-6
     modes = [
         m
-        for m, on in (("--topology", topology), ("--table", scales), ("--validate", validate_path))
+        for m, on in (
+            ("--topology", topology),
+            ("--table", scales),
+            ("--validate", validate_path),
+            ("--measure-local", measure_local),
+        )
         if on
     ]
     if len(modes) != 1:
         raise UsageError(
-            f"give exactly one of --topology, --table or --validate (got "
+            f"give exactly one of --topology, --table, --validate or --measure-local (got "
             f"{', '.join(modes) or 'none'}); e.g. --topology s2-inter-rack"
         )
     if workers is not None and not topology:
@@ -124,6 +155,20 @@ def plan(
         raise UsageError("--rates applies to --validate only; drop it, or add --validate FILE.json")
     if host_json and not validate_path:
         raise UsageError("--host-json applies to --validate only; drop it, or add --validate FILE")
+    if (steps != 30 or workload != "digits") and not measure_local:
+        raise UsageError(
+            "--steps and --workload apply to --measure-local only; add --measure-local N"
+        )
+    if measure_local:
+        from dssync.plan.local import local_table
+        from dssync.plan.local import measure_local as measure
+
+        run = measure(measure_local, steps, workload, latency_s)
+        if as_json:
+            click.echo(json.dumps(run.as_dict(), indent=2))
+        else:
+            out.print(local_table(run))
+        return
     if validate_path:
         from dssync.plan.validate import host_cost, validate_table
 
