@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 # The main job: BSP (DDP) against DS-Sync and the recommended configuration where a network is the
 # bottleneck: the emulated S2 cluster (8 workers, two racks behind a slow uplink; needs root and
 # iproute2). Elsewhere it says why in one line and trains on loopback instead.
-DEMO_S2 := --cluster s2-inter-rack --workload mnist --workload-option hidden=2048 --epochs 5 \
+DEMO_S2 := --cluster s2-inter-rack --workload mnist --workload-option hidden=2048 --epochs 3 \
 	--eval-every 5 --seeds 1 --methods bsp,dssync,dssync-topo
 DEMO_LOOPBACK := --workload mnist --workers 4 --epochs 3 --seeds 1 --methods bsp,dssync
 demo: install
