@@ -41,6 +41,7 @@ from dssync.strategies import (
 )
 from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
 from dssync.strategies.ps import ParameterServer
+from dssync.strategies.waitless import AsyncDSSync
 from dssync.topology import Topology
 
 if TYPE_CHECKING:  # a plain dataclass; importing dssync.train here would import the training loop
@@ -202,6 +203,12 @@ def _ssp(
     return ParameterServer(module, opt, staleness=cfg.staleness, timeout_s=cfg.timeout_s)
 
 
+def _dssync_async(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return AsyncDSSync(module, seed=cfg.seed, timeout_s=cfg.timeout_s)
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 
@@ -256,6 +263,11 @@ _TABLE = [
         "exp-gossip",
         "one peer per step on the exponential graph (power-of-2 workers)",
         _exp_gossip,
+    ),
+    Method(
+        "dssync-async",
+        "wait-avoiding DS-Sync: active/passive pairs, passives answer from a thread",
+        _dssync_async,
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),

@@ -25,7 +25,7 @@ from dssync.methods import get_method
 from dssync.train import TrainConfig, run_training
 from dssync.train.hooks import StepHook
 
-DEFAULT_METHODS = ("dssync", "dssync-static", "bsp")
+DEFAULT_METHODS = ("dssync", "dssync-async", "dssync-static", "bsp")
 
 
 class Straggler(StepHook):

@@ -26,6 +26,6 @@ __all__ += ["SCHEDULE_NAMES", "schedule_from_name"]
 from dssync.schedules.topology import TopologyAware, plan_topology_aware  # noqa: E402
 
 __all__ += ["TopologyAware", "plan_topology_aware"]
-from dssync.schedules.gossip import ExpGossip, ring_matrix, ring_peers  # noqa: E402
+from dssync.schedules.gossip import Bipartite, ExpGossip, ring_matrix, ring_peers  # noqa: E402
 
-__all__ += ["ExpGossip", "ring_matrix", "ring_peers"]
+__all__ += ["Bipartite", "ExpGossip", "ring_matrix", "ring_peers"]

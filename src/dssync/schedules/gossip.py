@@ -77,3 +77,29 @@ def ring_matrix(world_size: int) -> np.ndarray:
         peers = ring_peers(i, world_size)
         w[i, [i, *peers]] = 1.0 / (1 + len(peers))
     return w
+
+
+class Bipartite(Schedule):
+    """Pairs of one active rank (even) and one passive rank (odd), matched afresh every step.
+
+    The pairing wait-avoiding DS-Sync uses (:class:`~dssync.strategies.waitless.AsyncDSSync`):
+    actives start every averaging and passives only answer, so no two ranks ever wait on each
+    other in a cycle. At step t active ``2a`` pairs with passive ``2 perm_t[a] + 1``, ``perm_t`` a
+    random permutation of (seed, t); with an odd world size the last active is alone.
+
+    Example::
+
+        >>> Bipartite(seed=0).partition(0, 4)
+        [[0, 1], [2, 3]]
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def partition(self, step: int, world_size: int) -> Partition:
+        if world_size < 1:
+            raise UsageError(f"world_size={world_size} must be >= 1")
+        passives = world_size // 2
+        perm = np.random.default_rng([self.seed, step]).permutation(passives).tolist()
+        pairs = [[2 * a, 2 * perm[a] + 1] for a in range(passives)]
+        return pairs + ([[world_size - 1]] if world_size % 2 else [])

@@ -9,9 +9,11 @@ from dssync.strategies.gossip import DPSGD
 from dssync.strategies.hierarchical import Hierarchical
 from dssync.strategies.local_sgd import LocalSGD
 from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
+from dssync.strategies.waitless import AsyncDSSync
 
 __all__ = [
     "AdaptiveDSSync",
+    "AsyncDSSync",
     "BSP",
     "DPSGD",
     "DSSync",

@@ -1,0 +1,342 @@
+"""Wait-avoiding DS-Sync: pairs averaged by a serving thread, so no rank waits on a slow partner.
+
+Synchronous DS-Sync hands a straggler's delay on: each step's partner waits for it, and through
+the shuffled pairs every rank soon does. Here a pair's average never needs both training loops
+at once:
+
+* **Roles.** Even ranks are active, odd ranks passive (:class:`~dssync.schedules.Bipartite`
+  matches them afresh every step, a pure function of (seed, step)). After its optimizer step an
+  active sends its parameters to the passive of this step and waits for that passive's answer.
+  A passive's answer comes from a thread of its own process, never from its training loop, so
+  the active waits for the bytes, not for the passive's compute; and a slow active only asks less
+  often. Actives never answer and passives never ask, so no wait can close a cycle.
+* **What a passive serves.** Its ``served`` copy: its parameters as of its last step boundary,
+  plus every average since. A request with the active's x_a answers the served copy s and sets
+  ``s <- (s + x_a) / 2``; the active sets ``x_a <- (x_a + s) / 2``, the same bits. At its next
+  step boundary the passive's loop adds what its copy gained, ``x <- x + (s - published)``, and
+  publishes the result as the new served copy. Requests are served one at a time under a lock,
+  so several actives asking the same passive between two of its steps average in turn.
+* **Staleness.** An active averages with the passive's model as of the passive's last step (at
+  most one of the passive's steps old); the passive takes the averages at its next step.
+* **Consensus.** Each served request applies a 2-by-2 averaging matrix (doubly stochastic, all
+  entries 1/2) to the pair (x_a, s); the passive's merge carries it onto x unchanged. So the
+  mean over ranks moves by exactly the mean local update (up to float rounding), and the models
+  follow a product of pair-averaging matrices over a connected (complete bipartite) graph, which
+  contracts to the mean as synchronous shuffled pairs do (AD-PSGD's argument).
+* **Bytes.** Point-to-point on a gloo group made once at construction (receives from any
+  source, which nccl cannot), staged through host memory on GPUs; the training group carries
+  only the start-up broadcast and the final global average, on the parameters' device.
+* **Waits.** An active's wait for its answer is bounded by ``timeout_s`` (PeerLost names the
+  passive). The serving thread waits for requests up to ``max(timeout_s, IDLE_S)`` (a daemon, so
+  a failed run never waits for it). At the end each active tells every passive it is done; a
+  passive waits for all of them, naming the ones silent for ``timeout_s``.
+* **Checkpoints.** :meth:`state_dict` merges what the served copy gained first, so the saved
+  model holds every average taken; a resumed run is correct but, being asynchronous, not
+  bit-identical to one never stopped.
+
+Example (under torchrun or :func:`dssync.launch.spawn`)::
+
+    sync = AsyncDSSync(model, seed=0)
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+        sync.after_step()        # active: average with this step's passive; passive: merge
+    sync.average_all()           # every rank ends with the global mean
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dssync.comm.exchange import average_tensors, broadcast_tensors
+from dssync.errors import PeerLost, SyncError, UsageError
+from dssync.hashing import fingerprint
+from dssync.schedules import Bipartite, group_of
+from dssync.strategies.base import Strategy, SyncTimer
+
+ASK, DONE = 1, 2  # request kinds
+HEAD, DATA, ANSWER = 1, 2, 3  # message tags
+IDLE_S = 3600.0  # longest the serving thread waits for a request
+
+
+class AsyncDSSync(Strategy):
+    """DS-Sync without waiting on partners: active/passive pairs, passives answer from a thread.
+
+    Args:
+        module: the model, on its device (every rank starts from rank 0's).
+        process_group: the ranks (default: all).
+        seed: seed of the pairing (:class:`~dssync.schedules.Bipartite`).
+        average_buffers: also average floating buffers (batch-norm statistics).
+        timeout_s: how long a wait lets a peer be silent before raising PeerLost.
+
+    Example::
+
+        sync = AsyncDSSync(model)
+        sync.after_step()            # after each optimizer step
+        sync.average_all()
+    """
+
+    name = "dssync-async"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: dist.ProcessGroup | None = None,
+        seed: int = 0,
+        average_buffers: bool = True,
+        timeout_s: float = 120.0,
+    ) -> None:
+        super().__init__(module, process_group)
+        if timeout_s <= 0:
+            raise UsageError(f"timeout_s={timeout_s} must be positive")
+        self.timeout_s = timeout_s
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+        self.schedule = Bipartite(seed)
+        self.active = self.rank % 2 == 0
+        self.steps = 0
+        self._settled = False  # True from settle() until the next step
+        tensors = list(module.parameters())
+        if average_buffers:
+            tensors += [b for b in module.buffers() if b.is_floating_point()]
+        self.tensors = [t for t in tensors if t.numel()]
+        if any(t.dtype != self.tensors[0].dtype for t in self.tensors):
+            raise UsageError(
+                "AsyncDSSync averages one flat buffer of one dtype; cast the model to one "
+                "floating dtype (e.g. model.float()) or use DSSync"
+            )
+        with torch.no_grad():
+            broadcast_tensors(tensors, 0, process_group, timeout_s)
+        numel = sum(t.numel() for t in self.tensors)
+        pin = self.tensors[0].device.type == "cuda"
+        dtype = self.tensors[0].dtype
+        self._mine = torch.empty(numel, dtype=dtype, pin_memory=pin)
+        self._theirs = torch.empty(numel, dtype=dtype, pin_memory=pin)
+        shapes = [(tuple(t.shape), str(t.dtype)) for t in self.tensors]
+        self.layout = fingerprint(f"async {seed} {shapes}")
+        local = len(self.ranks) != dist.get_world_size()
+        self.wire = dist.new_group(
+            self.ranks,
+            backend="gloo",
+            timeout=timedelta(seconds=max(timeout_s, IDLE_S)),
+            use_local_synchronization=local,
+        )
+        self.server = None if self.active else _Server(self)
+
+    def current_group(self) -> list[int]:
+        """This rank and its partner of the current step (for error messages)."""
+        return group_of(self.schedule.partition(self.steps, self.world_size), self.rank)
+
+    def _flat(self, out: torch.Tensor) -> torch.Tensor:
+        """The averaged tensors, flat, copied into ``out`` (on the host)."""
+        return out.copy_(torch.cat([t.detach().reshape(-1) for t in self.tensors]))
+
+    def _add(self, delta: torch.Tensor, scale: float = 1.0) -> None:
+        """``tensors += scale * delta`` (delta flat, on the host)."""
+        offset = 0
+        for t in self.tensors:
+            n = t.numel()
+            part = delta[offset : offset + n].view_as(t).to(t.device, non_blocking=True)
+            t.data.add_(part, alpha=scale)
+            offset += n
+
+    def _set(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for t in self.tensors:
+            n = t.numel()
+            t.data.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        with SyncTimer(self):
+            if self.server is not None:
+                self.server.start()
+                self.server.merge()
+            else:
+                self._ask()
+            self.steps += 1
+            self._settled = False
+
+    def _ask(self) -> None:
+        """Active: send the model to this step's passive, take the mean with its answer."""
+        group = group_of(self.schedule.partition(self.steps, self.world_size), self.rank)
+        if len(group) < 2:
+            return
+        peer = self.ranks[group[1]]
+        self._flat(self._mine)
+        head = torch.tensor([ASK, self.steps, self.layout], dtype=torch.int64)
+        answer = torch.empty(1, dtype=torch.int64)
+        works = [
+            dist.isend(head, peer, group=self.wire, tag=HEAD),
+            dist.isend(self._mine, peer, group=self.wire, tag=DATA),
+            dist.irecv(answer, peer, group=self.wire, tag=ANSWER),
+            dist.irecv(self._theirs, peer, group=self.wire, tag=ANSWER + 1),
+        ]
+        for w in works:
+            self._wait(w, group[1])
+        if answer.item() != self.layout:
+            raise SyncError(
+                f"rank {self.rank} and rank {group[1]} average different models or pairings "
+                f"(layout {self.layout} against {answer.item()}); every rank must run "
+                "dssync-async on the same model with the same seed",
+                step=self.steps,
+                group=group,
+                ranks=[group[1]],
+            )
+        self._mine.add_(self._theirs).mul_(0.5)
+        self._set(self._mine)
+
+    def _wait(self, work, peer: int) -> None:
+        try:
+            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+                raise RuntimeError("wait returned False")
+        except (dist.DistError, RuntimeError) as e:
+            raise PeerLost(
+                f"rank {self.rank} got no answer from passive rank {peer} at step {self.steps} "
+                f"within timeout_s={self.timeout_s:g} ({type(e).__name__}): it died or stopped; "
+                "rerun with --resume, or raise --timeout",
+                step=self.steps,
+                group=sorted([self.rank, peer]),
+                ranks=[peer],
+            ) from e
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """End the asynchronous phase: actives say they are done, passives take every average.
+
+        Every rank calls it (average_all does); a later step starts a new phase.
+        """
+        with SyncTimer(self):
+            if self.world_size == 1 or self._settled:
+                return
+            self._settled = True
+            if self.server is not None:
+                self.server.start()
+                self.server.finish()
+                return
+            head = torch.tensor([DONE, self.steps, self.layout], dtype=torch.int64)
+            passives = range(1, self.world_size, 2)
+            works = [
+                (p, dist.isend(head, self.ranks[p], group=self.wire, tag=HEAD)) for p in passives
+            ]
+            for p, w in works:
+                self._wait(w, p)
+
+    @torch.no_grad()
+    def average_all(self) -> None:
+        """:meth:`settle`, then one global mean: every rank ends with the same model."""
+        self.settle()
+        with SyncTimer(self):
+            if self.world_size > 1:
+                average_tensors(
+                    self.tensors, self.process_group, self.world_size, timeout_s=self.timeout_s
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.server is not None:
+            with torch.no_grad():
+                self.server.merge()
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        if self.server is not None:
+            self.server.publish()
+
+
+class _Server:
+    """A passive rank's served copy and the thread that answers actives from it."""
+
+    def __init__(self, sync: AsyncDSSync) -> None:
+        self.sync = sync
+        self.lock = threading.Lock()
+        numel = sync._mine.numel()
+        self.served = torch.empty(numel, dtype=sync._mine.dtype)
+        self.published = torch.empty_like(self.served)
+        self.actives = len(range(0, sync.world_size, 2))
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.publish()
+
+    def publish(self) -> None:
+        with self.lock:
+            self.sync._flat(self.published)
+            self.served.copy_(self.published)
+
+    def merge(self) -> None:
+        """At a step boundary: add what the served copy gained, then publish the new model."""
+        if self.error is not None:
+            raise self.error
+        with self.lock:
+            self.sync._add(self.served.sub_(self.published))
+            self.sync._flat(self.published)
+            self.served.copy_(self.published)
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.done: set[int] = set()
+            self.heard = time.monotonic()
+            self.thread = threading.Thread(target=self._serve, name="dssync-async", daemon=True)
+            self.thread.start()
+
+    def finish(self) -> None:
+        """Wait until every active is done (naming the silent ones), then take the last averages."""
+        while self.thread.is_alive():
+            self.thread.join(timeout=0.2)
+            if self.thread.is_alive() and time.monotonic() - self.heard > self.sync.timeout_s:
+                silent = [a for a in range(0, self.sync.world_size, 2) if a not in self.done]
+                raise PeerLost(
+                    f"rank {self.sync.rank} waited at the end for active ranks {silent}: nothing "
+                    f"came within timeout_s={self.sync.timeout_s:g} (died or stopped); rerun "
+                    "with --resume, or raise --timeout",
+                    step=self.sync.steps,
+                    group=list(range(self.sync.world_size)),
+                    ranks=silent,
+                )
+        self.thread = None
+        self.merge()
+
+    def _serve(self) -> None:
+        sync = self.sync
+        if sync.tensors[0].device.type == "cuda":
+            torch.cuda.set_device(sync.tensors[0].device)
+        head = torch.empty(3, dtype=torch.int64)
+        incoming = torch.empty_like(self.served)
+        answer = torch.empty_like(self.served)
+        try:
+            while len(self.done) < self.actives:
+                src = dist.recv(head, src=None, group=sync.wire, tag=HEAD)
+                active = sync.ranks.index(src)
+                self.heard = time.monotonic()
+                if head[0].item() == DONE:
+                    self.done.add(active)
+                    continue
+                dist.recv(incoming, src, group=sync.wire, tag=DATA)
+                with self.lock:
+                    answer.copy_(self.served)
+                    if head[2].item() == sync.layout:  # else the active raises SyncError
+                        self.served.add_(incoming).mul_(0.5)
+                layout = torch.tensor([sync.layout], dtype=torch.int64)
+                works = [
+                    dist.isend(layout, src, group=sync.wire, tag=ANSWER),
+                    dist.isend(answer, src, group=sync.wire, tag=ANSWER + 1),
+                ]
+                for w in works:
+                    w.wait(timeout=timedelta(seconds=sync.timeout_s))
+        except Exception as e:  # noqa: BLE001 - the training loop raises it at its next step
+            self.error = PeerLost(
+                f"rank {sync.rank}'s serving thread lost an active rank ({type(e).__name__}: "
+                f"{e}); rerun with --resume, or raise --timeout",
+                step=sync.steps,
+                group=list(range(sync.world_size)),
+                ranks=[],
+            )
