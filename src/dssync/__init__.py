@@ -23,6 +23,7 @@ See :class:`dssync.DSSync` for a runnable example.
 from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
 from dssync.schedules import (
+    Bipartite,
     Butterfly,
     Global,
     Schedule,
@@ -32,13 +33,23 @@ from dssync.schedules import (
     mixing_matrix,
     spectral_gap,
 )
-from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD, Strategy
+from dssync.strategies import (
+    BSP,
+    AdaptiveDSSync,
+    AsyncDSSync,
+    DSSync,
+    Hierarchical,
+    LocalSGD,
+    Strategy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BSP",
     "AdaptiveDSSync",
+    "AsyncDSSync",
+    "Bipartite",
     "Butterfly",
     "DSSync",
     "Global",

@@ -211,7 +211,7 @@ def test_exp_gossip_on_three_ranks_is_a_usage_error_naming_the_sizes_that_work()
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("method", ["dpsgd", "powersgd"])
+@pytest.mark.parametrize("method", ["dpsgd", "powersgd", "dssync-async"])
 def test_train_runs_a_baseline_through_the_registry(tmp_path, method):
     out = tmp_path / "run.json"
     r = run(["train", *DIGITS, "--sync", method, "--json", str(out)], timeout=300)
