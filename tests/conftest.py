@@ -27,6 +27,8 @@ SLOW = (
     "tests/comm/test_groups_and_buckets.py::test_dssync_inside_a_subgroup_averages_only_there",
     "tests/strategies/test_baselines.py::test_train_runs_a_baseline_through_the_registry",
     "tests/strategies/test_ps.py::test_the_fastest_stays_within_s_steps",
+    "tests/strategies/test_waitless.py::test_an_active_does_not_wait_for_a_slow_passives_loop",
+    "tests/strategies/test_waitless.py::test_a_passive_that_never_answers_is_named",
     "tests/strategies/test_ps.py::test_a_lost_worker_is_named_within_the_timeout",
 )
 
