@@ -12,7 +12,7 @@ from dssync.bench.cluster_worker import device_for
 from dssync.bench.timings import percentile, recovery, settle, summarize
 from dssync.cli import main
 from dssync.cluster import ClusterError, load_cluster, require_root_and_tools
-from dssync.report.bench import bench_table, recovery_table
+from dssync.report.bench import bench_table, losses_table, recovery_table
 
 
 def _root_reason() -> str | None:
@@ -122,6 +122,8 @@ def test_tiny_bench_run(tmp_path):
         for key in ("sync_time_s", "iter_time_s", "lower_bound_s"):
             assert r[key] > 0, (key, r)
         assert r["max_link_bytes_per_iter"] > 0
+        assert set(r["tbf_drops"]) == set(load_cluster("tiny").link_names())
+        assert r["tcp_retransmits"] >= r["tcp_timeouts"] >= 0
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
@@ -190,6 +192,15 @@ def test_bench_tables_fit_80_columns():
         assert _width(t) <= 80, compute_ms
     t = recovery_table(results)
     assert _width(t) <= 80
+    lossy = {
+        **row,
+        "tbf_drops": {"rack_uplink:0": 1712, "host:0": 3},
+        "tcp_retransmits": 2994,
+        "tcp_timeouts": 51,
+    }
+    lt = losses_table({"s4-dynamic-longer-name": {"dssync-topo-overlap": lossy}})
+    assert _width(lt) <= 80
+    assert [list(lt.columns[i].cells)[1] for i in (1, 2, 4)] == ["1712", "3", "51"]
     assert list(t.columns[-2].cells) == ["never", "never"]
     assert list(t.columns[-1].cells) == ["117", "117"]
     short = {"s4": {"dssync": {**row, "contention_iter_s": None, "recovery_steps": [None, 14]}}}

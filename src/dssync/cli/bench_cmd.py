@@ -10,7 +10,7 @@ import click
 from dssync.cli.output import console, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
 from dssync.methods import get_method, help_text
-from dssync.report.bench import bench_plot, bench_table, recovery_table
+from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
 
 
 def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -139,6 +139,7 @@ def bench(
     changes = recovery_table(results)
     if changes is not None:
         console.print(changes)
+    console.print(losses_table(results))
     bench_plot(results, plot_path)
     console.print(f"plot: {plot_path}; worker logs: {out}")
     if json_path:

@@ -15,7 +15,7 @@ Example::
         result = cluster.run([sys.executable, "train.py"], timeout_s=600)
 """
 
-from dssync.cluster.accounting import LinkBytes, diff, link_bytes
+from dssync.cluster.accounting import LinkBytes, Losses, diff, link_bytes, losses
 from dssync.cluster.names import ClusterNames
 from dssync.cluster.netns import Cluster, list_prefixes, remove_prefix
 from dssync.cluster.scenario import Scenario, Step, plan
@@ -41,12 +41,14 @@ __all__ = [
     "ClusterSpecError",
     "Event",
     "LinkBytes",
+    "Losses",
     "RunResult",
     "Scenario",
     "Step",
     "diff",
     "link_bytes",
     "list_prefixes",
+    "losses",
     "load_cluster",
     "measure_mbit",
     "parse_cluster",

@@ -4,7 +4,7 @@ For each scenario a cluster is built once; each method then runs under one torch
 inside the host namespaces, as on real machines (:mod:`dssync.bench.cluster_worker` on every
 rank; torchrun's rendezvous decides which ranks land on which host, and each rank reports its host
 with its timings, ``rank_hosts``). The parent snapshots the link byte
-counters around each run, applies a scenario's timed rate changes with :class:`Scenario` (started
+counters and the loss counters (tbf drops, TCP retransmissions and timeouts) around each run, applies a scenario's timed rate changes with :class:`Scenario` (started
 when rank 0 reports its warm-up done, for a run planned at its warm-up pace), and reads back the
 per-rank timings.
 
@@ -121,7 +121,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     ]
     if s.probe:
         argv.append("--probe")
-    before = cluster.link_bytes()
+    before, lost_before = cluster.link_bytes(), cluster.losses()
     agents = cluster.launch(
         argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs", join_timeout_s=s.timeout_s
     )
@@ -136,6 +136,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         for link, rate in spec.link_rates().items():
             cluster.set_rate(link, rate)
     moved = diff(cluster.link_bytes(), before)
+    lost = cluster.losses() - lost_before
     if not result.ok:
         raise ClusterError(
             f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}"
@@ -150,6 +151,8 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
     out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
     out["steps"] = steps
+    out["tbf_drops"] = lost.drops
+    out["tcp_retransmits"], out["tcp_timeouts"] = lost.retransmits, lost.timeouts
     if spec.events and events is not None:
         contended = {**spec.link_rates()}
         for e in spec.events[:1]:

@@ -90,6 +90,30 @@ def recovery_table(results: dict[str, dict[str, Any]]) -> Table | None:
     return t
 
 
+def losses_table(results: dict[str, dict[str, Any]]) -> Table:
+    """Per scenario and method, over the whole run: packets the tbf queues dropped on the rack
+    uplinks and on the host links, and the TCP segments the hosts retransmitted and the
+    retransmission timeouts among them (:func:`dssync.cluster.losses`)."""
+    t = Table(
+        title="losses over each run: tbf drops, TCP retransmissions",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
+    )
+    cols = ["method", "uplink drops", "host drops", "retransmits", "timeouts"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for scenario, methods in results.items():
+        t.add_row(f"[bold]{scenario}[/bold]", *[""] * (len(cols) - 1))
+        for method, r in methods.items():
+            drops = r.get("tbf_drops", {})
+            up = sum(v for k, v in drops.items() if k.startswith("rack_uplink:"))
+            host = sum(v for k, v in drops.items() if k.startswith("host:"))
+            tcp = (r.get("tcp_retransmits", ""), r.get("tcp_timeouts", ""))
+            t.add_row(f" {method}", str(up), str(host), *map(str, tcp))
+    return t
+
+
 def _settle(steps: int | None, settled: float | None) -> str:
     """Steps to settle; "-" for a phase too short to have a settled pace (a stall outlasted it)."""
     if settled is None:

@@ -1,0 +1,65 @@
+"""Loss counters of the emulated cluster: tbf drops per link and the hosts' TCP counters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dssync.cluster import Cluster, Losses
+from dssync.cluster.accounting import _counters
+
+SNMP = """Ip: Forwarding DefaultTTL
+Ip: 1 64
+Tcp: RtoAlgorithm RtoMin ActiveOpens RetransSegs
+Tcp: 1 200 3 17
+Udp: InDatagrams
+Udp: 5
+"""
+
+
+def test_counters_read_one_table_by_name():
+    assert _counters(SNMP, "Tcp:") == {
+        "RtoAlgorithm": 1,
+        "RtoMin": 200,
+        "ActiveOpens": 3,
+        "RetransSegs": 17,
+    }
+    assert _counters(SNMP, "TcpExt:") == {}
+
+
+def test_losses_subtract_and_a_reset_counter_counts_from_zero():
+    before = Losses({"host:0": 5, "rack_uplink:0": 10}, retransmits=7, timeouts=1)
+    after = Losses({"host:0": 8, "rack_uplink:0": 4}, retransmits=9, timeouts=1)
+    lost = after - before
+    assert lost.drops == {"host:0": 3, "rack_uplink:0": 4}  # the uplink's qdisc was replaced
+    assert (lost.retransmits, lost.timeouts) == (2, 0)
+
+
+BLAST = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(b"x", (sys.argv[1], 9))  # resolve the neighbour first
+time.sleep(0.3)
+for _ in range(3000):
+    try:
+        s.sendto(b"x" * 1400, (sys.argv[1], 9))
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.root
+@pytest.mark.timeout(60)
+def test_a_burst_across_the_uplink_is_dropped_there_and_nowhere_else(two_racks):
+    with Cluster(two_racks) as cluster:
+        before = cluster.losses()
+        # 4.2 MB at once: host 0's 1000 Mbit/s link queues it; the 50 Mbit/s uplink cannot
+        argv = ["ip", "netns", "exec", cluster.host_ns(0), sys.executable, "-c", BLAST]
+        subprocess.run([*argv, cluster.address_of(2)], check=True, timeout=30)
+        lost = cluster.losses() - before
+    print(f"drops: {lost.drops}")
+    assert lost.drops["rack_uplink:0"] > 1000
+    assert lost.drops["host:0"] == 0 and lost.drops["host:3"] == 0
+    assert set(lost.drops) == set(two_racks.link_names())
