@@ -58,6 +58,24 @@ def side_group(
     return _SIDE[pg]
 
 
+def wire_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
+    """A fresh gloo group over ``ranks`` for point-to-point traffic from a background thread
+    (a parameter server's requests, a passive's answers), made once at construction.
+
+    Collective over ``ranks`` only (local synchronization) when they are not the whole world.
+    Unlike :func:`side_group` it is never cached or shared: a serving thread's pending receive
+    must not meet another exchange's message on the same group. ``timeout_s`` bounds every wait
+    on it (a serving thread's wait for the next request included).
+    """
+    local = len(ranks) != dist.get_world_size()
+    return dist.new_group(
+        ranks,
+        backend="gloo",
+        timeout=timedelta(seconds=timeout_s),
+        use_local_synchronization=local,
+    )
+
+
 def timeout_of(group: dist.ProcessGroup) -> timedelta | None:
     """The timeout ``group`` was made with, where its backend tells (gloo, nccl); else None."""
     for device_type in getattr(group, "_device_types", []):

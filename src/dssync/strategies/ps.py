@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.exchange import average_tensors, broadcast_tensors
+from dssync.comm.side import wire_group
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -134,19 +135,8 @@ class ParameterServer(Strategy):
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.kinds = _kinds(self.params)
         self.clock = 0
-        local = len(self.ranks) != dist.get_world_size()
-        self.requests = dist.new_group(
-            self.ranks,
-            backend="gloo",
-            timeout=timedelta(seconds=max(timeout_s, IDLE_S)),
-            use_local_synchronization=local,
-        )
-        self.answers = dist.new_group(
-            self.ranks,
-            backend="gloo",
-            timeout=timedelta(seconds=timeout_s),
-            use_local_synchronization=local,
-        )
+        self.requests = wire_group(self.ranks, max(timeout_s, IDLE_S))
+        self.answers = wire_group(self.ranks, timeout_s)
         with torch.no_grad():
             broadcast_tensors(
                 list(module.parameters()) + list(module.buffers()), 0, process_group, timeout_s

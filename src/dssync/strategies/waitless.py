@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.exchange import average_tensors, broadcast_tensors
+from dssync.comm.side import wire_group
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
@@ -122,13 +123,7 @@ class AsyncDSSync(Strategy):
         self._theirs = torch.empty(numel, dtype=dtype, pin_memory=pin)
         shapes = [(tuple(t.shape), str(t.dtype)) for t in self.tensors]
         self.layout = fingerprint(f"async {seed} {shapes}")
-        local = len(self.ranks) != dist.get_world_size()
-        self.wire = dist.new_group(
-            self.ranks,
-            backend="gloo",
-            timeout=timedelta(seconds=max(timeout_s, IDLE_S)),
-            use_local_synchronization=local,
-        )
+        self.wire = wire_group(self.ranks, max(timeout_s, IDLE_S))
         self.server = None if self.active else _Server(self)
 
     def current_group(self) -> list[int]:
