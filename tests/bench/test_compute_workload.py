@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from dssync.bench.cluster_worker import Burn
 from dssync.report.bench import bench_table
 
@@ -18,6 +20,17 @@ def test_burn_takes_about_the_time_asked():
         burn()
         times.append(time.perf_counter() - t0)
     assert 0.002 < min(times) < 1.0  # about 20 ms; generous for a heavily loaded machine
+
+
+def test_idle_compute_waits_without_using_the_cpu():
+    burn = Burn(30.0, kind="idle")
+    assert burn.reps == 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    burn()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 0.03 and cpu < 0.01, (wall, cpu)
+    with pytest.raises(ValueError, match="cpu, idle"):
+        Burn(1.0, kind="gpu")
 
 
 def test_table_shows_compute_exposed_and_the_overlap_ratio():

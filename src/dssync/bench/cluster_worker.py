@@ -12,7 +12,10 @@ steps are done (the parent starts a scenario's timed link changes from there).
 run before the forward pass (so a method that averages in the background, such as
 ``dssync-overlap``, can hide its transfer behind them; DDP's all-reduce starts after them). Each
 rank also times a step without any synchronization (forward, backward and the matrix work) before
-training, reported as ``compute_s``.
+training, reported as ``compute_s``. ``--compute-kind idle`` waits C ms instead, leaving the CPU
+free: an accelerator's compute as the host sees it (the GPU computes while the host's cores run
+the transport), and what each host of a real cluster has to itself, where the emulated cluster's
+hosts all share this machine's cores.
 """
 
 from __future__ import annotations
@@ -64,21 +67,28 @@ def build(
 
 
 class Burn:
-    """Matrix products on the CPU taking about ``ms`` milliseconds per call (calibrated once).
+    """Matrix products on the CPU taking about ``ms`` milliseconds per call (calibrated once);
+    with ``kind="idle"`` a wait of ``ms`` that leaves the CPU free (an accelerator's compute).
 
     Example::
 
         burn = Burn(20.0)
         burn()            # about 20 ms of 128x128 matrix products
+        Burn(20.0, kind="idle")()   # 20 ms asleep
     """
 
-    def __init__(self, ms: float, size: int = 128) -> None:
+    KINDS = ("cpu", "idle")
+
+    def __init__(self, ms: float, size: int = 128, kind: str = "cpu") -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"compute kind {kind!r} is not one of {', '.join(self.KINDS)}")
+        self.idle_s = ms / 1000 if kind == "idle" else 0.0
         g = torch.Generator().manual_seed(0)
         self.a = torch.randn(size, size, generator=g) / size**0.5
         self.b = torch.randn(size, size, generator=g)
         self.c = torch.empty(size, size)
         self.reps = 0
-        if ms > 0:
+        if ms > 0 and not self.idle_s:
             self.reps = 20
             per = min(self._time() for _ in range(3)) / 20
             self.reps = max(1, round(ms / 1000 / per))
@@ -89,6 +99,8 @@ class Burn:
         return time.perf_counter() - t0
 
     def __call__(self) -> None:
+        if self.idle_s:
+            time.sleep(self.idle_s)
         for _ in range(self.reps):
             torch.mm(self.a, self.b, out=self.c)
 
@@ -113,6 +125,7 @@ def run(
     probe: bool,
     out: Path,
     compute_ms: float = 0.0,
+    compute_kind: str = "cpu",
 ) -> None:
     rank = dist.get_rank()
     device = device_for(cfg.device)
@@ -120,7 +133,7 @@ def run(
     model = FlatModel(params).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(params, generator=torch.Generator().manual_seed(rank)).to(device)
-    burn = Burn(compute_ms)
+    burn = Burn(compute_ms, kind=compute_kind)
     compute_s = compute_time(model, x, burn)  # before DDP's hooks are on the parameters
     strategy, info = build(cfg, model, optimizer, probe)
     info["compute_s"] = compute_s
@@ -159,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=8)
     p.add_argument("--probe", action="store_true")
     p.add_argument("--compute-ms", type=float, default=0.0)
+    p.add_argument("--compute-kind", choices=Burn.KINDS, default="cpu")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, required=True)
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             timeout_s=a.timeout,
             device=a.device,
         )
-        run(cfg, a.params, a.steps, a.warmup, a.probe, a.out, a.compute_ms)
+        run(cfg, a.params, a.steps, a.warmup, a.probe, a.out, a.compute_ms, a.compute_kind)
         dist.barrier()  # every rank has written its timings
     finally:
         dist.destroy_process_group()

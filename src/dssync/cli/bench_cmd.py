@@ -100,7 +100,15 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     type=click.FloatRange(0),
     default=0.0,
     show_default=True,
-    help="Matrix work per step on the CPU (ms), so averaging can hide behind compute.",
+    help="Compute per step (ms), so averaging can hide behind compute.",
+)
+@click.option(
+    "--compute-kind",
+    type=click.Choice(("cpu", "idle")),
+    default="cpu",
+    show_default=True,
+    help="cpu: matrix work on the shared cores; idle: a wait that leaves them free, as a GPU's "
+    "compute does (each real host has its own cores; the emulated hosts share this machine's).",
 )
 def bench(
     scenarios,
@@ -117,6 +125,7 @@ def bench(
     out_dir,
     device,
     compute_ms,
+    compute_kind,
 ) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
     if warmup >= steps:
@@ -133,9 +142,10 @@ def bench(
         out_dir=out,
         device=device,
         compute_ms=compute_ms,
+        compute_kind=compute_kind,
     )
     results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
-    console.print(bench_table(results, params, compute_ms))
+    console.print(bench_table(results, params, compute_ms, compute_kind))
     changes = recovery_table(results)
     if changes is not None:
         console.print(changes)

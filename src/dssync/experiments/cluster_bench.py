@@ -56,6 +56,7 @@ class BenchSettings:
     out_dir: Path = Path("dssync-bench")
     device: str = "auto"
     compute_ms: float = 0.0
+    compute_kind: str = "cpu"
 
 
 def run_bench(
@@ -118,6 +119,8 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         s.device,
         "--compute-ms",
         str(s.compute_ms),
+        "--compute-kind",
+        s.compute_kind,
     ]
     if s.probe:
         argv.append("--probe")

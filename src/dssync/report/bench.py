@@ -9,7 +9,9 @@ from rich import box
 from rich.table import Table
 
 
-def bench_table(results: dict[str, dict[str, Any]], params: int, compute_ms: float = 0.0) -> Table:
+def bench_table(
+    results: dict[str, dict[str, Any]], params: int, compute_ms: float = 0.0, kind: str = "cpu"
+) -> Table:
     """One heading row per scenario, one row per method; seconds per iteration; fits 80 columns.
 
     ``mean`` is the pace after warm-up; ``p99`` and ``worst`` are over the steps after warm-up,
@@ -21,7 +23,7 @@ def bench_table(results: dict[str, dict[str, Any]], params: int, compute_ms: flo
     max(C, A): the larger of compute and its blocking counterpart's sync time in the same run;
     1.0 would hide all of it) take the places of sync and the bound.
     """
-    work = f", {compute_ms:g} ms of work a step" if compute_ms else ""
+    work = f", {compute_ms:g} ms of {kind} work a step" if compute_ms else ""
     t = Table(
         title=f"dssync bench: {params:,} parameters{work}; s per iteration",
         box=box.SIMPLE_HEAD,
