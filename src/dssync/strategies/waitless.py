@@ -257,6 +257,7 @@ class _Server:
         numel = sync._mine.numel()
         self.served = torch.empty(numel, dtype=sync._mine.dtype)
         self.published = torch.empty_like(self.served)
+        self.taken = 0  # averages taken into the served copy since it was last published
         self.actives = len(range(0, sync.world_size, 2))
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -264,6 +265,7 @@ class _Server:
 
     def publish(self) -> None:
         with self.lock:
+            self.taken = 0
             self.sync._flat(self.published)
             self.served.copy_(self.published)
 
@@ -272,7 +274,9 @@ class _Server:
         if self.error is not None:
             raise self.error
         with self.lock:
-            self.sync._add(self.served.sub_(self.published))
+            if self.taken:  # else the served copy is the published one: nothing to add
+                self.sync._add(self.served.sub_(self.published))
+                self.taken = 0
             self.sync._flat(self.published)
             self.served.copy_(self.published)
 
@@ -320,6 +324,7 @@ class _Server:
                     answer.copy_(self.served)
                     if head[2].item() == sync.layout:  # else the active raises SyncError
                         self.served.add_(incoming).mul_(0.5)
+                        self.taken += 1
                 layout = torch.tensor([sync.layout], dtype=torch.int64)
                 works = [
                     dist.isend(layout, src, group=sync.wire, tag=ANSWER),
