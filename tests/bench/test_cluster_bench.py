@@ -123,7 +123,7 @@ def test_tiny_bench_run(tmp_path):
             assert r[key] > 0, (key, r)
         assert r["max_link_bytes_per_iter"] > 0
         assert set(r["tbf_drops"]) == set(load_cluster("tiny").link_names())
-        assert r["tcp_retransmits"] >= r["tcp_timeouts"] >= 0
+        assert isinstance(r["tcp_retransmits"], int) and isinstance(r["tcp_timeouts"], int)
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
@@ -200,7 +200,10 @@ def test_bench_tables_fit_80_columns():
     }
     lt = losses_table({"s4-dynamic-longer-name": {"dssync-topo-overlap": lossy}})
     assert _width(lt) <= 80
-    assert [list(lt.columns[i].cells)[1] for i in (1, 2, 4)] == ["1712", "3", "51"]
+    assert [list(lt.columns[i].cells)[1] for i in (1, 2, 3, 4)] == ["1712", "3", "2994", "51"]
+    unshaped = {**row, "tbf_drops": {"host:0": 0, "rack_uplink:0": None}}  # no counters read
+    lt = losses_table({"s1": {"ddp": unshaped}})
+    assert [list(lt.columns[i].cells)[1] for i in (1, 2, 3, 4)] == ["-", "0", "-", "-"]
     assert list(t.columns[-2].cells) == ["never", "never"]
     assert list(t.columns[-1].cells) == ["117", "117"]
     short = {"s4": {"dssync": {**row, "contention_iter_s": None, "recovery_steps": [None, 14]}}}

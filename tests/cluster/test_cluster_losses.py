@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dssync.cluster import Cluster, Losses
+from dssync.cluster import Cluster, LossCounters
 from dssync.cluster.accounting import _counters
 
 SNMP = """Ip: Forwarding DefaultTTL
@@ -29,11 +29,14 @@ def test_counters_read_one_table_by_name():
     assert _counters(SNMP, "TcpExt:") == {}
 
 
-def test_losses_subtract_and_a_reset_counter_counts_from_zero():
-    before = Losses({"host:0": 5, "rack_uplink:0": 10}, retransmits=7, timeouts=1)
-    after = Losses({"host:0": 8, "rack_uplink:0": 4}, retransmits=9, timeouts=1)
+def test_losses_count_a_remade_queue_from_zero_and_leave_unshaped_links_blank():
+    q0, q1, u = ("h0", "eth"), ("sw", "h0s"), ("sw", "u0")
+    ends = {"host:0": [q0, q1], "rack_uplink:0": [u], "rack_uplink:1": [("sw", "u1")]}
+    before = LossCounters({q0: ("1:", 5), q1: ("2:", 10), u: ("3:", 10)}, ends, 7, 1)
+    after = LossCounters({q0: ("1:", 8), q1: ("9:", 4), u: ("3:", 12)}, ends, 9, 1)
     lost = after - before
-    assert lost.drops == {"host:0": 3, "rack_uplink:0": 4}  # the uplink's qdisc was replaced
+    # host:0's switch end was made afresh (new handle): its 4 drops all count
+    assert lost.drops == {"host:0": 3 + 4, "rack_uplink:0": 2, "rack_uplink:1": None}
     assert (lost.retransmits, lost.timeouts) == (2, 0)
 
 
@@ -61,5 +64,6 @@ def test_a_burst_across_the_uplink_is_dropped_there_and_nowhere_else(two_racks):
         lost = cluster.losses() - before
     print(f"drops: {lost.drops}")
     assert lost.drops["rack_uplink:0"] > 1000
-    assert lost.drops["host:0"] == 0 and lost.drops["host:3"] == 0
+    # the burst crossed host 2's link and rack 1's uplink at 50 Mbit/s: nothing left to drop
+    assert lost.drops["host:0"] == lost.drops["host:2"] == lost.drops["rack_uplink:1"] == 0
     assert set(lost.drops) == set(two_racks.link_names())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from dssync.bench.cluster_worker import Burn
 from dssync.cli.output import console, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
 from dssync.methods import get_method, help_text
@@ -104,7 +105,7 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
 )
 @click.option(
     "--compute-kind",
-    type=click.Choice(("cpu", "idle")),
+    type=click.Choice(Burn.KINDS),
     default="cpu",
     show_default=True,
     help="cpu: matrix work on the shared cores; idle: a wait that leaves them free, as a GPU's "

@@ -15,7 +15,7 @@ Example::
         result = cluster.run([sys.executable, "train.py"], timeout_s=600)
 """
 
-from dssync.cluster.accounting import LinkBytes, Losses, diff, link_bytes, losses
+from dssync.cluster.accounting import LinkBytes, LossCounters, Losses, diff, link_bytes, losses
 from dssync.cluster.names import ClusterNames
 from dssync.cluster.netns import Cluster, list_prefixes, remove_prefix
 from dssync.cluster.scenario import Scenario, Step, plan
@@ -41,6 +41,7 @@ __all__ = [
     "ClusterSpecError",
     "Event",
     "LinkBytes",
+    "LossCounters",
     "Losses",
     "RunResult",
     "Scenario",

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from dssync.cluster.names import ClusterNames
-from dssync.cluster.shell import sh
+from dssync.cluster.shell import ClusterError, sh
 
 
 @dataclass(frozen=True)
@@ -58,48 +58,72 @@ def diff(after: dict[str, LinkBytes], before: dict[str, LinkBytes]) -> dict[str,
     return {k: LinkBytes(after[k].up - before[k].up, after[k].down - before[k].down) for k in after}
 
 
+Queue = tuple[str, str]  # (namespace, interface) of one tbf
+
+
 @dataclass(frozen=True)
 class Losses:
-    """Loss counters: packets the tbf queues dropped per link (both ends summed), and the TCP
-    segments the hosts retransmitted and their retransmission timeouts (RTO expiries).
+    """Losses between two snapshots: packets the tbf queues dropped per link (both ends summed;
+    None for a link with no tbf, such as a missing uplink), and the TCP segments the hosts
+    retransmitted and their retransmission timeouts (RTO expiries).
 
     Example::
 
-        before = losses(cluster)
+        before = cluster.losses()
         ...  # run a benchmark
-        lost = losses(cluster) - before
+        lost = cluster.losses() - before
         lost.drops["rack_uplink:0"], lost.retransmits, lost.timeouts
     """
 
-    drops: dict[str, int]
+    drops: dict[str, int | None]
     retransmits: int
     timeouts: int
 
-    def __sub__(self, before: Losses) -> Losses:
-        # A qdisc replaced by another kind starts again from zero: count from there.
-        def since(now: int, then: int) -> int:
-            return now - then if now >= then else now
 
+@dataclass(frozen=True)
+class LossCounters:
+    """One snapshot of the loss counters; subtract an earlier one to get :class:`Losses`.
+
+    ``queues`` holds (tc handle, drops) of every tbf; a queue whose handle changed was made
+    afresh (its counters start at zero), so it counts from zero.
+    """
+
+    queues: dict[Queue, tuple[str, int]]
+    ends: dict[str, list[Queue]]
+    retransmits: int
+    timeouts: int
+
+    def __sub__(self, before: LossCounters) -> Losses:
+        def since(end: Queue) -> int:
+            handle, now = self.queues[end]
+            then_handle, then = before.queues.get(end, (None, 0))
+            return now - then if handle == then_handle and now >= then else now
+
+        drops: dict[str, int | None] = {}
+        for link, ends in self.ends.items():
+            shaped = [e for e in ends if e in self.queues]
+            drops[link] = sum(since(e) for e in shaped) if shaped else None
         return Losses(
-            {k: since(v, before.drops.get(k, 0)) for k, v in self.drops.items()},
-            since(self.retransmits, before.retransmits),
-            since(self.timeouts, before.timeouts),
+            drops,
+            self.retransmits - before.retransmits,
+            self.timeouts - before.timeouts,
         )
 
 
-def losses(cluster: ClusterNames) -> Losses:
-    """The loss counters now, since the cluster was built."""
+def losses(cluster: ClusterNames) -> LossCounters:
+    """The loss counters now (tbf drops since each queue was made, TCP's since the cluster was
+    built); raises ClusterError naming the namespace whose counters could not be read."""
     spec = cluster.spec
-    qdisc_drops: dict[tuple[str, str], int] = {}
+    queues: dict[Queue, tuple[str, int]] = {}
     namespaces = [cluster.switch_ns] + [cluster.host_ns(h) for h in range(spec.num_hosts)]
     for ns in namespaces:
-        for q in json.loads(sh(["tc", "-n", ns, "-s", "-j", "qdisc", "show"]) or "[]"):
-            if q.get("kind") == "tbf":
-                qdisc_drops[(ns, q["dev"])] = int(q.get("drops", 0))
-    drops = {
-        link: sum(qdisc_drops.get(end, 0) for end in cluster.link_ends(link))
-        for link in spec.link_names()
-    }
+        try:
+            for q in json.loads(sh(["tc", "-n", ns, "-s", "-j", "qdisc", "show"]) or "[]"):
+                if q.get("kind") == "tbf":
+                    queues[(ns, q["dev"])] = (str(q.get("handle")), int(q.get("drops", 0)))
+        except (ValueError, KeyError) as e:
+            raise ClusterError(f"could not read the tbf counters of {ns} (`tc -s -j`): {e}") from e
+    ends = {link: cluster.link_ends(link) for link in spec.link_names()}
     retransmits = timeouts = 0
     for h in range(spec.num_hosts):
         ns = cluster.host_ns(h)
@@ -107,7 +131,7 @@ def losses(cluster: ClusterNames) -> Losses:
         ext = _counters(sh(["ip", "netns", "exec", ns, "cat", "/proc/net/netstat"]), "TcpExt:")
         retransmits += tcp.get("RetransSegs", 0)
         timeouts += ext.get("TCPTimeouts", 0)
-    return Losses(drops, retransmits, timeouts)
+    return LossCounters(queues, ends, retransmits, timeouts)
 
 
 def _counters(text: str, table: str) -> dict[str, int]:
@@ -115,5 +139,5 @@ def _counters(text: str, table: str) -> dict[str, int]:
     rows = [line.split()[1:] for line in text.splitlines() if line.startswith(table)]
     if len(rows) < 2:
         return {}
-    pairs = zip(rows[0], rows[1], strict=True)
+    pairs = zip(rows[0], rows[1], strict=False)  # a short line reads as missing counters
     return {name: int(value) for name, value in pairs if value.lstrip("-").isdigit()}

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 from dssync.cluster import shaping
-from dssync.cluster.accounting import LinkBytes, Losses, link_bytes, losses
+from dssync.cluster.accounting import LinkBytes, LossCounters, link_bytes, losses
 from dssync.cluster.names import ANY_PREFIX_RE, ETC_NETNS, SUBNET, ClusterNames, check_prefix
 from dssync.cluster.shell import ClusterError, require_root_and_tools, sh
 from dssync.cluster.spec import ClusterSpec
@@ -214,7 +214,7 @@ class Cluster(ClusterNames):
         """Byte counters of every link now; subtract two snapshots with ``accounting.diff``."""
         return link_bytes(self)
 
-    def losses(self) -> Losses:
+    def losses(self) -> LossCounters:
         """tbf drops per link and the hosts' TCP retransmissions now; subtract two snapshots."""
         return losses(self)
 

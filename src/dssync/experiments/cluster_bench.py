@@ -138,12 +138,12 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
             events.stop()
         for link, rate in spec.link_rates().items():
             cluster.set_rate(link, rate)
-    moved = diff(cluster.link_bytes(), before)
-    lost = cluster.losses() - lost_before
     if not result.ok:
         raise ClusterError(
             f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}"
         )
+    moved = diff(cluster.link_bytes(), before)
+    lost = cluster.losses() - lost_before
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
     out = summarize(ranks, s.warmup)
     out["rank_hosts"] = [r.get("host") for r in ranks]  # as torchrun placed them

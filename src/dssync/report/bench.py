@@ -23,7 +23,8 @@ def bench_table(
     max(C, A): the larger of compute and its blocking counterpart's sync time in the same run;
     1.0 would hide all of it) take the places of sync and the bound.
     """
-    work = f", {compute_ms:g} ms of {kind} work a step" if compute_ms else ""
+    what = "compute (an idle wait)" if kind == "idle" else "matrix work"
+    work = f", {compute_ms:g} ms of {what} a step" if compute_ms else ""
     t = Table(
         title=f"dssync bench: {params:,} parameters{work}; s per iteration",
         box=box.SIMPLE_HEAD,
@@ -109,11 +110,16 @@ def losses_table(results: dict[str, dict[str, Any]]) -> Table:
         t.add_row(f"[bold]{scenario}[/bold]", *[""] * (len(cols) - 1))
         for method, r in methods.items():
             drops = r.get("tbf_drops", {})
-            up = sum(v for k, v in drops.items() if k.startswith("rack_uplink:"))
-            host = sum(v for k, v in drops.items() if k.startswith("host:"))
-            tcp = (r.get("tcp_retransmits", ""), r.get("tcp_timeouts", ""))
-            t.add_row(f" {method}", str(up), str(host), *map(str, tcp))
+            cells = [_drops(drops, "rack_uplink:"), _drops(drops, "host:")]
+            cells += [str(r[k]) if k in r else "-" for k in ("tcp_retransmits", "tcp_timeouts")]
+            t.add_row(f" {method}", *cells)
     return t
+
+
+def _drops(drops: dict[str, int | None], kind: str) -> str:
+    """Summed drops of one kind of link; "-" when none of them has a tbf (or none was read)."""
+    counts = [v for k, v in drops.items() if k.startswith(kind) and v is not None]
+    return str(sum(counts)) if counts else "-"
 
 
 def _settle(steps: int | None, settled: float | None) -> str:
