@@ -3,10 +3,10 @@
 For each scenario a cluster is built once; each method then runs under one torchrun per host,
 inside the host namespaces, as on real machines (:mod:`dssync.bench.cluster_worker` on every
 rank; torchrun's rendezvous decides which ranks land on which host, and each rank reports its host
-with its timings, ``rank_hosts``). The parent snapshots the link byte
-counters and the loss counters (tbf drops, TCP retransmissions and timeouts) around each run, applies a scenario's timed rate changes with :class:`Scenario` (started
-when rank 0 reports its warm-up done, for a run planned at its warm-up pace), and reads back the
-per-rank timings.
+with its timings, ``rank_hosts``). The parent snapshots the link byte counters and the loss
+counters (tbf drops, TCP retransmissions and timeouts) around each run, applies a scenario's
+timed rate changes with :class:`Scenario` (started when rank 0 reports its warm-up done, for a
+run planned at its warm-up pace), and reads back the per-rank timings.
 
 Example::
 
