@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import Butterfly, DSSync, Global, Shuffle, Static
-from dssync.errors import SyncError
+from dssync.errors import SyncError, UsageError
 from dssync.launch import spawn
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
@@ -178,13 +178,28 @@ def test_resume_is_bit_exact():
 def _mixed():
     m = _model(0)
     cls = OverlapDSSync if dist.get_rank() == 0 else DSSync
-    sync = cls(m, schedule=Shuffle(2, seed=0), timeout_s=20)
-    with pytest.raises(SyncError):
-        sync.step()
-        sync.step()
-        getattr(sync, "finish", lambda: None)()
-    return True
+    with pytest.raises(UsageError, match="sync method") as caught:
+        cls(m, schedule=Shuffle(2, seed=0), timeout_s=20)
+    return str(caught.value)
 
 
 def test_overlapped_and_blocking_ranks_are_told_apart():
-    assert spawn(_mixed, 2, timeout_s=120) == [True, True]
+    """Refused at start, on every rank, before the overlapped rank makes its lane's group."""
+    for message in spawn(_mixed, 2, timeout_s=120):
+        assert "same sync method" in message
+
+
+def _out_of_step():
+    m = _model(0)
+    sync = OverlapDSSync(m, schedule=Shuffle(2, seed=0), timeout_s=20)
+    if dist.get_rank() == 0:
+        sync.steps = 3  # one rank skipped steps: the tags of its averages differ
+    with pytest.raises(SyncError):
+        sync.step()
+        sync.step()
+        sync.finish()
+    return True
+
+
+def test_ranks_out_of_step_raise():
+    assert spawn(_out_of_step, 2, timeout_s=120) == [True, True]

@@ -2,8 +2,10 @@
 
 Right after the optimizer step, :meth:`OverlapDSSync.step` copies the flat buckets (parameters
 and floating buffers) and, when given, the optimizer's floating state into a snapshot and starts
-this step's group average of the snapshot without blocking (:mod:`dssync.comm.pending`). The next
-forward and backward run meanwhile. At the next ``step()`` the average is waited for and merged::
+this step's group average of the snapshot without blocking. The next forward and backward run
+meanwhile. The average runs on a :class:`~dssync.comm.lane.Lane`: a process group and a thread
+of its own, made at construction, so the pair exchange's chunk window keeps moving while the
+caller computes and the caller's own traffic on the training group never interleaves with it. At the next ``step()`` the average is waited for and merged::
 
     x <- mean(snapshot) + (x - snapshot)
 
@@ -29,8 +31,9 @@ state is written) but does not merge it; it holds the snapshot and the means, an
 :meth:`load_state_dict` restores them, to be merged at the next ``step()`` as they would have
 been. So saving does not change the run, and a resumed run continues bit-exactly like one never
 stopped (the checkpoint holds two extra copies of the averaged tensors). :meth:`average_all`
-finishes and merges it first. Each pending average is tagged with its own step (kind ``OVERLAP``), so ranks
-out of step, or a rank running blocking DS-Sync beside overlapped ones, raise ``SyncError``.
+finishes and merges it first. Each pending average is tagged with its own step (kind
+``OVERLAP``), so ranks out of step raise ``SyncError``; a rank running blocking DS-Sync beside
+overlapped ones is refused at construction (the start-up agreement compares the sync method).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from torch import nn
 
 from dssync.comm import FlatBuckets
 from dssync.comm.buckets import pack, plan_buckets
-from dssync.comm.pending import OVERLAP, Pending, start
+from dssync.comm.lane import OVERLAP, Lane, Pending
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import group_of
 from dssync.schedules.topology import plan_topology_aware
@@ -73,6 +76,14 @@ class OverlapDSSync(DSSync):
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         super().__init__(module, *args, **kwargs)
+        first = self._buckets.buffers[0] if self._buckets.buffers else None
+        self.lane = Lane(
+            self.process_group,
+            self.timeout_s,
+            self.bucket_bytes,
+            device=None if first is None else first.device,
+            groups=self.router.groups,  # lent: this strategy never averages on both at once
+        )
         self._pending: tuple[Pending, list[torch.Tensor]] | None = None
         self._ready: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
@@ -101,7 +112,7 @@ class OverlapDSSync(DSSync):
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         snapshot = [b.clone() for b in self._buckets.buffers]
         snapshot += [flat for flat, _ in pack(self._optimizer_state(), self.bucket_bytes)]
-        self._pending = (start(self.router, group, OVERLAP, self.steps, snapshot), snapshot)
+        self._pending = (self.lane.start(group, OVERLAP, self.steps, snapshot), snapshot)
 
     def _arrive(self) -> None:
         """Wait for the average in flight, if any, without merging it."""
