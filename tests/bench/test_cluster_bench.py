@@ -12,6 +12,7 @@ from dssync.bench.cluster_worker import device_for
 from dssync.bench.timings import percentile, recovery, settle, summarize
 from dssync.cli import main
 from dssync.cluster import ClusterError, load_cluster, require_root_and_tools
+from dssync.experiments.cluster_bench import per_step_floor
 from dssync.report.bench import bench_table, losses_table, recovery_table
 
 
@@ -166,6 +167,23 @@ def _width(table) -> int:
     return max(len(line) for line in console.export_text().splitlines())
 
 
+def _steps(times):
+    return [{"step": i, "iter_s": t} for i, t in enumerate(times)]
+
+
+def test_per_step_floor_counts_steps_whose_averaging_outlasts_the_compute():
+    c = 0.25
+    # Blocking steps: warm-up, then averaging of 0.10 s, 0.50 s (a crossing step), 0.10 s.
+    blocking = {"compute_s": c, "timeline": _steps([9.0, c + 0.1, c + 0.5, c + 0.1])}
+    # A perfect overlap hides the short averages and pays the long one: 0.25, 0.50, 0.25.
+    perfect = {"compute_s": c, "timeline": _steps([9.0, 0.25, 0.50, 0.25])}
+    assert per_step_floor(perfect, blocking, warmup=1) == pytest.approx(1.0)
+    # max(C, mean A) would call it 1.33x: the mean averaging (0.233 s) is below the compute.
+    assert (1.0 / 3) / c == pytest.approx(1.333, abs=1e-3)
+    slow = {"compute_s": c, "timeline": _steps([9.0, 0.30, 0.60, 0.30])}
+    assert per_step_floor(slow, blocking, warmup=1) == pytest.approx(1.2)
+
+
 def test_bench_tables_fit_80_columns():
     row = {
         "iter_time_s": 31.234,
@@ -178,6 +196,7 @@ def test_bench_tables_fit_80_columns():
         "compute_s": 0.1,
         "exposed_s": 31.1,
         "ratio_to_hidden": 11.1,
+        "ratio_to_hidden_per_step": 11.1,
         "pre_contention_iter_s": 0.5,
         "contention_iter_s": 12.345,
         "lower_bound_contended_s": 0.3,
