@@ -67,7 +67,7 @@ def test_lane_gives_the_blocking_bits_and_leaves_buffers_alone(world, group, chu
 def _peer_never_comes():
     lane = Lane(None, timeout_s=2)
     if dist.get_rank() == 1:
-        time.sleep(5)  # never starts its side of the average within rank 0's timeout
+        time.sleep(8)  # never starts its side of the average within rank 0's timeout
         lane.close()
         return "slept"
     began = time.monotonic()
@@ -80,4 +80,4 @@ def _peer_never_comes():
 def test_a_peer_that_never_starts_is_reported_within_the_timeout():
     waited, slept = spawn(_peer_never_comes, 2, timeout_s=120)
     assert slept == "slept"
-    assert waited < 2 + 10  # the wait's bound, not the peer's sleep or the grace period
+    assert waited < 6  # the wait's 2 s bound, well before the peer wakes (8 s) or the grace ends
