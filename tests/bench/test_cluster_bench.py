@@ -178,10 +178,12 @@ def test_per_step_floor_counts_steps_whose_averaging_outlasts_the_compute():
     # A perfect overlap hides the short averages and pays the long one: 0.25, 0.50, 0.25.
     perfect = {"compute_s": c, "timeline": _steps([9.0, 0.25, 0.50, 0.25])}
     assert per_step_floor(perfect, blocking, warmup=1) == pytest.approx(1.0)
-    # max(C, mean A) would call it 1.33x: the mean averaging (0.233 s) is below the compute.
-    assert (1.0 / 3) / c == pytest.approx(1.333, abs=1e-3)
     slow = {"compute_s": c, "timeline": _steps([9.0, 0.30, 0.60, 0.30])}
     assert per_step_floor(slow, blocking, warmup=1) == pytest.approx(1.2)
+    # Each run's averaging is its step minus its own compute.
+    heavier = {"compute_s": 0.35, "timeline": _steps([9.0, 0.45, 0.85, 0.45])}
+    assert per_step_floor(perfect, heavier, warmup=1) == pytest.approx(1.0)
+    assert per_step_floor(perfect, blocking, warmup=4) is None  # nothing after warm-up
 
 
 def test_bench_tables_fit_80_columns():

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from dssync.comm.averager import Router
 from dssync.comm.lane import OVERLAP, Lane
 from dssync.comm.tags import STEP
-from dssync.errors import PeerLost
+from dssync.errors import PeerLost, SyncError
 from dssync.launch import spawn
 
 
@@ -66,6 +66,8 @@ def test_lane_gives_the_blocking_bits_and_leaves_buffers_alone(world, group, chu
 
 def _peer_never_comes():
     lane = Lane(None, timeout_s=2)
+    if dist.get_rank() == 2:
+        return "outside"  # a pair of 3 ranks: the point-to-point path, not a collective
     if dist.get_rank() == 1:
         time.sleep(8)  # never starts its side of the average within rank 0's timeout
         lane.close()
@@ -78,6 +80,21 @@ def _peer_never_comes():
 
 
 def test_a_peer_that_never_starts_is_reported_within_the_timeout():
-    waited, slept = spawn(_peer_never_comes, 2, timeout_s=120)
+    waited, slept, _ = spawn(_peer_never_comes, 3, timeout_s=120)
     assert slept == "slept"
     assert waited < 6  # the wait's 2 s bound, well before the peer wakes (8 s) or the grace ends
+
+
+def _steps_differ():
+    lane = Lane(None, timeout_s=20)
+    rank = dist.get_rank()
+    if rank == 2:
+        return "outside"
+    pending = lane.start([0, 1], OVERLAP, 3 + rank, [torch.ones(5000)])  # rank 1 a step ahead
+    with pytest.raises(SyncError, match="step"):
+        pending.wait()
+    return "refused"
+
+
+def test_a_pair_at_different_steps_raises_in_the_callers_thread():
+    assert spawn(_steps_differ, 3, timeout_s=120) == ["refused", "refused", "outside"]

@@ -2,11 +2,12 @@
 
 One all-gather of a few 63-bit fingerprints (:func:`dssync.comm.consensus.fingerprint_check`,
 over the side group) compares what decides the number, size, dtype and order of the buffers each
-step moves: the sync method (blocking and overlapped DS-Sync make different groups and tags), the
-model (names, shapes, dtypes), the schedule, the bucket size, buffers on or off, the frozen set
-and whether it is averaged, and the optimizer (on or off, its type, the shapes of its parameter
-groups). A mismatch raises :class:`~dssync.errors.UsageError` naming the odd rank
-and the fix, on every rank, before the first byte of parameter data moves.
+step moves: the sync method (blocking and overlapped DS-Sync make different groups and tags),
+how pairs average (``pairs=``: groups made per pair or none), the model (names, shapes,
+dtypes), the schedule, the bucket size, buffers on or off, the frozen set and whether it is
+averaged, and the optimizer (on or off, its type, the shapes of its parameter groups). A
+mismatch raises :class:`~dssync.errors.UsageError` naming the odd rank and the fix, on every
+rank, before the first byte of parameter data moves.
 
 Example::
 
@@ -57,7 +58,8 @@ def check_start(sync: Any) -> None:
         else (type(opt).__name__, [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups])
     )
     values = {
-        "sync method": _hash(getattr(sync, "name", type(sync).__name__)),
+        "sync method": _hash(sync.name),
+        "pairs (exchange or all_reduce)": _hash(getattr(sync, "pairs", "exchange")),
         "model (parameter and buffer names, shapes, dtypes)": module_fingerprint(named),
         "schedule": sync.schedule.fingerprint(sync.world_size),
         "bucket_bytes": _hash(sync.bucket_bytes),
@@ -69,6 +71,7 @@ def check_start(sync: Any) -> None:
     }
     fixes = {
         "sync method": "wrap the model with the same sync method (class) on every rank",
+        "pairs (exchange or all_reduce)": "pass the same pairs= on every rank",
         "model (parameter and buffer names, shapes, dtypes)": "build the same model on every rank before wrapping it",
         "schedule": "give every rank the same schedule type, group size and seed",
         "bucket_bytes": "pass the same bucket_bytes on every rank",

@@ -26,9 +26,15 @@ Bounds: every wait inside the worker is bounded by ``timeout_s`` and raises
 :meth:`Pending.wait` re-raises it in the caller's thread. A worker that has not answered
 ``timeout_s`` plus a grace period after the start raises ``PeerLost`` too.
 
-Devices: on CUDA the worker waits for an event recorded on the caller's current stream after the
-buffers were written, runs on the device's default stream, and records an event that the caller's
-stream waits on before it reads the means (no host synchronization on either side).
+Devices: on CUDA the worker runs on a stream of its own. It waits for an event recorded on the
+caller's current stream after the buffers were written, and records one that the caller's stream
+waits on before it reads the means; the tensors that cross streams are marked for the caching
+allocator (``record_stream``). The tag checks synchronize the worker with its own stream only,
+so the caller's thread and its kernels never wait on the lane. Untested on GPUs here (no GPU).
+Two cautions on nccl: the lane is a second communicator driven by a second thread, and NCCL
+asks that operations on several communicators be ordered alike on every rank (the caller's own
+collectives while an average runs are not); and a lane over a subgroup is made with local
+synchronization, which torch's eager nccl initialization (``device_id=``) does not support.
 
 Example::
 
@@ -42,6 +48,8 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -51,7 +59,7 @@ import torch.distributed as dist
 
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.tags import Tag, layout_of
-from dssync.errors import PeerLost
+from dssync.errors import PeerLost, UsageError
 
 OVERLAP = 5  # the kind of an overlapped schedule step (a blocking step's tag is STEP)
 GRACE_S = 30.0  # beyond timeout_s, the most a caller waits for a worker that never answers
@@ -73,17 +81,20 @@ class Pending:
         if self._future is None:
             return self._means
         left = self.timeout_s + GRACE_S - (time.monotonic() - self._started)
-        try:
-            means, done = self._future.result(timeout=max(left, 0.001))
-        except concurrent.futures.TimeoutError:
+        concurrent.futures.wait([self._future], timeout=max(left, 0.001))
+        if not self._future.done():
             raise PeerLost(
                 f"{self.tag.describe()} in group {self.group}: the lane's worker gave no answer "
                 f"within timeout_s={self.timeout_s:g} (+{GRACE_S:g} s)",
                 step=self.tag.step,
                 group=self.group,
-            ) from None
+            )
+        means, done = self._future.result()  # raises what the worker raised
         if done is not None:
-            torch.cuda.current_stream(means[0].device).wait_event(done)
+            caller = torch.cuda.current_stream(means[0].device)
+            caller.wait_event(done)
+            for m in means:
+                m.record_stream(caller)  # made on the lane's stream, read and freed on this one
         return means
 
 
@@ -93,6 +104,8 @@ class Lane:
     Every rank of ``process_group`` (default: the world) makes it at the same point (it creates
     a process group). ``groups`` lends the lane collectives made elsewhere, keyed by the sorted
     ranks of ``process_group`` they span; see the module docstring for when that is safe.
+    :meth:`close` stops the worker; a lane never closed stops with the interpreter (its worker
+    is a daemon thread, so a worker stuck in a wait never holds the process at exit).
     """
 
     def __init__(
@@ -116,7 +129,11 @@ class Lane:
         if groups is not None:
             self.router.groups = groups  # shared: the lender's later groups are seen too
         self.timeout_s = float(timeout_s)
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dssync-lane")
+        cuda = device is not None and device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if cuda else None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._serve, name="dssync-lane", daemon=True)
+        self._worker.start()
 
     def start(
         self, group: Sequence[int], kind: int, step: int, buffers: Sequence[torch.Tensor]
@@ -126,31 +143,48 @@ class Lane:
         buffers = list(buffers)
         tag = Tag(kind, step, layout_of(buffers))
         if len(group) < 2:
-            return Pending(tag, group, self.timeout_s, means=buffers)
+            return Pending(tag, group, self.timeout_s, means=[b.clone() for b in buffers])
+        if not self._worker.is_alive():
+            raise UsageError("this lane was closed; make a new one (every rank alike)")
         ready = None
-        if buffers and buffers[0].is_cuda:
+        if self._stream is not None:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(buffers[0].device))
-        future = self._pool.submit(self._run, group, kind, step, buffers, ready)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, group, kind, step, buffers, ready))
         return Pending(tag, group, self.timeout_s, future=future)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, *args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._run(*args))
+            except BaseException as e:  # handed to the caller's wait, which re-raises it
+                future.set_exception(e)
 
     @torch.no_grad()
     def _run(self, group, kind, step, buffers, ready):
-        done = None
-        if ready is not None:
-            device = buffers[0].device
-            torch.cuda.set_device(device)
-            stream = torch.cuda.current_stream(device)
-            stream.wait_event(ready)
+        if self._stream is None:
+            means = [b.clone() for b in buffers]
+            self.router.average(group, kind, step, buffers=means)
+            return means, None
+        with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
+            self._stream.wait_event(ready)  # the caller's writes of the snapshot come first
             for b in buffers:
-                b.record_stream(stream)  # made on the caller's stream, read on this one
-        means = [b.clone() for b in buffers]
-        self.router.average(group, kind, step, buffers=means)
-        if ready is not None:
+                b.record_stream(self._stream)  # made on the caller's stream, read on this one
+            means = [b.clone() for b in buffers]
+            self.router.average(group, kind, step, buffers=means)
             done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(buffers[0].device))
+            done.record(self._stream)
         return means, done
 
     def close(self) -> None:
-        """Stop the worker once the average it runs, if any, has finished."""
-        self._pool.shutdown(wait=True)
+        """Stop the worker once the average it runs, if any, has finished (bounded)."""
+        if self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout=self.timeout_s + GRACE_S)

@@ -88,19 +88,23 @@ def run_bench(
     return results
 
 
-def per_step_floor(overlapped: dict[str, Any], blocking: dict[str, Any], warmup: int) -> float:
+def per_step_floor(
+    overlapped: dict[str, Any], blocking: dict[str, Any], warmup: int
+) -> float | None:
     """The overlapped method's mean step over the mean of max(C, A_t), step by step.
 
-    ``A_t`` is step t's averaging in the blocking run (its step minus the compute C; the same
-    schedule, so the same groups at step t). Where some steps' averaging outlasts the compute
+    ``A_t`` is step t's averaging in the blocking run (its step minus that run's compute; the
+    same schedule, so the same groups at step t); C is the overlapped run's compute. Where some steps' averaging outlasts the compute
     (a topology-aware plan's crossing steps) even a perfect overlap pays those steps in full,
     which max(C, mean A) does not count. Steps after warm-up, from the per-step timelines.
     """
-    c = overlapped["compute_s"]
+    c, cb = overlapped["compute_s"], blocking["compute_s"]
     ours = [p["iter_s"] for p in overlapped["timeline"][warmup:]]
     theirs = [p["iter_s"] for p in blocking["timeline"][warmup:]]
     n = min(len(ours), len(theirs))
-    floor = sum(max(c, t - c) for t in theirs[:n]) / n
+    if n == 0:
+        return None
+    floor = sum(max(c, t - cb) for t in theirs[:n]) / n
     return (sum(ours[:n]) / n) / floor
 
 

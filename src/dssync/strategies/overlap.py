@@ -153,6 +153,11 @@ class OverlapDSSync(DSSync):
                 t.add_(mean[offset : offset + n].view_as(t))
                 offset += n
 
+    def close(self) -> None:
+        """Finish and merge the pending average, then stop the lane's worker (every rank)."""
+        self.finish()
+        self.lane.close()
+
     @torch.no_grad()
     def average_all(self) -> None:
         """Finish the pending average, then one global average over all ranks."""
