@@ -17,7 +17,7 @@ install: $(VENV)/.installed
 # bottleneck: the emulated S2 cluster (8 workers, two racks behind a slow uplink; needs root and
 # iproute2). Elsewhere it says why in one line and trains on loopback instead.
 DEMO_S2 := --cluster s2-inter-rack --workload mnist --workload-option hidden=2048 --epochs 3 \
-	--eval-every 5 --seeds 1 --methods bsp,dssync,dssync-topo,dssync-topo-overlap
+	--eval-every 5 --seeds 1 --methods bsp,dssync,dssync-topo
 DEMO_LOOPBACK := --workload mnist --workers 4 --epochs 3 --seeds 1 --methods bsp,dssync
 demo: install
 	@if why=$$($(PY) -c "from dssync.cluster import require_root_and_tools as r; r()" 2>&1); then \
