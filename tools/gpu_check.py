@@ -35,8 +35,8 @@ DIGEST_LINES = """
 import hashlib
 digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
 print(f"rank {dist.get_rank()} model {digest.hexdigest()} device {next(model.parameters()).device}", flush=True)
-dist.destroy_process_group()
 """
+END = "dist.destroy_process_group()"
 
 
 def run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -168,9 +168,10 @@ def library_example(readme: Path = README) -> str:
 def run_example(
     code: str, folder: Path, ranks: int = 2, timeout: float = 150
 ) -> subprocess.CompletedProcess:
-    """The example plus :data:`DIGEST_LINES` under torchrun with ``ranks`` ranks."""
+    """The example with :data:`DIGEST_LINES` before its end under torchrun with ``ranks`` ranks."""
     script = folder / "example.py"
-    script.write_text(code + DIGEST_LINES)
+    head, _, _ = code.partition(END)  # the digest needs the group: it goes before the end
+    script.write_text(head + DIGEST_LINES + END + "\n")
     return run(
         [
             sys.executable,
