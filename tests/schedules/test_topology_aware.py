@@ -131,3 +131,84 @@ def test_bad_settings_name_the_fix():
 def test_docstring_examples():
     result = doctest.testmod(dssync.schedules.topology)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_spread_crosses_one_slice_every_step_and_covers_the_model_each_cycle():
+    s = TopologyAware(racks(2, 4), cross_every=8, spread=True)
+    home = home_of(s)
+    seen = []
+    for t in range(16):
+        p = s.partition(t, 8)
+        check_partition(p, 8)
+        cross = [g for g in p if len({home[r] for r in g}) > 1]
+        assert len(cross) == 1  # one narrow crossing at every step, not one whole every 8
+        seen.append(s.part(cross[0], t, 8))
+        assert all(s.part(g, t, 8) == (0, 1) for g in p if g not in cross)
+    assert sorted(seen[:8]) == [(i, 8) for i in range(8)] and seen[8:] == seen[:8]
+
+
+def test_spread_keeps_the_bound_and_the_mixing_of_whole_crossings():
+    from dssync.bench.bounds import link_loads, ring_allreduce, schedule_bound
+    from dssync.cluster.spec import load_cluster
+    from dssync.schedules.base import part_fraction
+
+    spec = load_cluster("s2-inter-rack")
+    whole = TopologyAware(racks(2, 4), cross_every=8)
+    spread = TopologyAware(racks(2, 4), cross_every=8, spread=True)
+    nbytes, rates = 16e6, spec.link_rates()
+
+    def uplink_bytes(s):
+        sends = [
+            x
+            for t in range(8)
+            for g in s.partition(t, 8)
+            for x in ring_allreduce(g, nbytes * part_fraction(s.part(g, t, 8)))
+        ]
+        return {k: v for k, v in link_loads(spec, sends).items() if "uplink" in k[0]}
+
+    # The same bytes cross the uplink per cycle, spread over the steps; the bound is no higher.
+    assert uplink_bytes(spread) == pytest.approx(uplink_bytes(whole))
+    assert schedule_bound(spec, spread, nbytes, 8, rates) <= schedule_bound(
+        spec, whole, nbytes, 8, rates
+    )
+    # Each coordinate crosses once a cycle, as with whole crossings: consensus within 20%.
+    assert consensus_steps(spread, 8) <= 1.2 * consensus_steps(whole, 8)
+
+
+def test_spread_slow_rank_pairs_every_step_with_donors_in_turn():
+    s = TopologyAware([list(range(8))], slow=[3], slow_every=8, spread=True)
+    partners = set()
+    for t in range(8):
+        g = next(g for g in s.partition(t, 8) if 3 in g)
+        assert len(g) == 2 and s.part(g, t, 8) == (t % 8, 8)
+        partners.add(next(r for r in g if r != 3))
+    assert len(partners) > 1  # a fixed donor would never mix its first slice with the others
+    assert math.isfinite(consensus_steps(s, 8))
+
+
+def test_spread_plans_faster_iterations_on_s2_and_s3():
+    from dssync.cluster.spec import load_cluster
+    from dssync.plan.cost import predict
+
+    for name in ("s2-inter-rack", "s3-slow-host"):
+        spec = load_cluster(name)
+        topo = {
+            spread: next(
+                p for p in predict(spec, 4_000_000, spread=spread) if p.method == "dssync-topo"
+            )
+            for spread in (False, True)
+        }
+        assert topo[True].sync_s < 0.8 * topo[False].sync_s, name
+
+
+def test_plans_spread_only_where_racks_keep_pairs_of_their_own():
+    from dssync.topology import Topology
+
+    def plan(rack_size):
+        n = 2 * rack_size
+        hosts = tuple(range(n))
+        racks_ = tuple(r // rack_size for r in range(n))
+        return plan_topology_aware(Topology(hosts=hosts, racks=racks_))
+
+    assert plan(4).spread and not plan(2).spread
+    assert math.isfinite(consensus_steps(plan(2), 4))

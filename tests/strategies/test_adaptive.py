@@ -25,11 +25,11 @@ SLOW_FROM, SLOW_UNTIL = 8, 24  # steps during which crossing the racks is slow
 class SlowCrossing(AdaptiveDSSync):
     """Crossing groups take 100 ms longer while the 'uplink' is contended."""
 
-    def _average(self, pg, size):
+    def _average(self, pg, size, **kwargs):
         group = self.current_group()
         if SLOW_FROM <= self.steps < SLOW_UNTIL and len({self._home[r] for r in group}) > 1:
             time.sleep(0.1)
-        super()._average(pg, size)
+        super()._average(pg, size, **kwargs)
 
 
 def _run(steps: int):

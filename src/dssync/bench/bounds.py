@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dssync.cluster.spec import ClusterSpec
 from dssync.methods import get_method
 from dssync.schedules import Schedule, Shuffle
+from dssync.schedules.base import part_fraction
 from dssync.schedules.topology import plan_topology_aware
 
 Send = tuple[int, int, float]  # (from rank, to rank, bytes)
@@ -53,11 +54,12 @@ def schedule_bound(
     spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
 ) -> float:
     """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
+    n = spec.world_size
     sends = [
         s
         for t in range(steps)
-        for g in schedule.partition(t, spec.world_size)
-        for s in ring_allreduce(g, nbytes)
+        for g in schedule.partition(t, n)
+        for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
     ]
     return busiest_s(link_loads(spec, sends), rates) / steps
 

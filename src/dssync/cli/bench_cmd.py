@@ -12,6 +12,7 @@ from dssync.cli.output import console, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
 from dssync.methods import get_method, help_text
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
+from dssync.schedules.topology import SPREAD
 
 
 def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -155,5 +156,9 @@ def bench(
     console.print(f"plot: {plot_path}; worker logs: {out}")
     if json_path:
         write_json(
-            json_path, {"settings": {**vars(settings), "out_dir": str(out)}, "results": results}
+            json_path,
+            {
+                "settings": {**vars(settings), "out_dir": str(out), "spread": SPREAD},
+                "results": results,
+            },
         )

@@ -51,6 +51,7 @@ from dssync.comm.exchange import (
 from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
+from dssync.schedules.base import WHOLE, Part, part_slice
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_GROUPS = 256  # process groups one Router makes at most; beyond, groups go point to point
@@ -160,13 +161,21 @@ class Router:
         step: int,
         buffers: Sequence[torch.Tensor] = (),
         tensors: Sequence[torch.Tensor] = (),
+        part: Part = WHOLE,
     ) -> None:
-        """Average ``buffers`` (flat, in place) and ``tensors`` (packed) with ``group`` (tagged)."""
+        """Average ``buffers`` (flat, in place) and ``tensors`` (packed) with ``group`` (tagged).
+
+        ``part`` = (index, parts) averages only that slice of every flat buffer (the schedule's
+        :meth:`~dssync.schedules.Schedule.part`); the tag's layout carries the slice's sizes, so
+        members that disagree on the slice are caught as a step mismatch.
+        """
         group = list(group)
         if len(group) < 2:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
         every = list(buffers) + [f for f, _ in flats]
+        if part != WHOLE:
+            every = [b[part_slice(b.numel(), part)] for b in every]
         tag = Tag(kind, step, layout_of(every))
         if len(group) == self.size:
             collective_average(every, self.parent, group, tag, self.timeout_s, self.roll)
@@ -224,7 +233,9 @@ class GroupAverager(ModelAverager):
         """Average with this step's group (from ``warmup_steps`` on), then count the step."""
         if self.router is not None and self.step >= self.warmup_steps:
             tensors = get_params_to_average(params)
-            group = group_of(self.schedule.partition(self.step, self.router.size), self.router.rank)
+            size, rank = self.router.size, self.router.rank
+            group = group_of(self.schedule.partition(self.step, size), rank)
+            part = self.schedule.part(group, self.step, size)
             with torch.no_grad():
-                self.router.average(group, AVERAGER, self.step, tensors=tensors)
+                self.router.average(group, AVERAGER, self.step, tensors=tensors, part=part)
         self.step += 1

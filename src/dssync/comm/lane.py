@@ -60,6 +60,7 @@ import torch.distributed as dist
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.tags import Tag, layout_of
 from dssync.errors import PeerLost, UsageError
+from dssync.schedules.base import WHOLE, Part
 
 OVERLAP = 5  # the kind of an overlapped schedule step (a blocking step's tag is STEP)
 GRACE_S = 30.0  # beyond timeout_s, the most a caller waits for a worker that never answers
@@ -136,9 +137,15 @@ class Lane:
         self._worker.start()
 
     def start(
-        self, group: Sequence[int], kind: int, step: int, buffers: Sequence[torch.Tensor]
+        self,
+        group: Sequence[int],
+        kind: int,
+        step: int,
+        buffers: Sequence[torch.Tensor],
+        part: Part = WHOLE,
     ) -> Pending:
-        """Start the average of ``buffers`` (flat, left untouched) with ``group``."""
+        """Start the average of ``buffers`` (flat, left untouched) with ``group``; with ``part``,
+        of that slice only (the rest of the means are the buffers as given)."""
         group = list(group)
         buffers = list(buffers)
         tag = Tag(kind, step, layout_of(buffers))
@@ -151,7 +158,7 @@ class Lane:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(buffers[0].device))
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((future, group, kind, step, buffers, ready))
+        self._jobs.put((future, group, kind, step, buffers, ready, part))
         return Pending(tag, group, self.timeout_s, future=future)
 
     def _serve(self) -> None:
@@ -168,17 +175,17 @@ class Lane:
                 future.set_exception(e)
 
     @torch.no_grad()
-    def _run(self, group, kind, step, buffers, ready):
+    def _run(self, group, kind, step, buffers, ready, part):
         if self._stream is None:
             means = [b.clone() for b in buffers]
-            self.router.average(group, kind, step, buffers=means)
+            self.router.average(group, kind, step, buffers=means, part=part)
             return means, None
         with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             self._stream.wait_event(ready)  # the caller's writes of the snapshot come first
             for b in buffers:
                 b.record_stream(self._stream)  # made on the caller's stream, read on this one
             means = [b.clone() for b in buffers]
-            self.router.average(group, kind, step, buffers=means)
+            self.router.average(group, kind, step, buffers=means, part=part)
             done = torch.cuda.Event()
             done.record(self._stream)
         return means, done

@@ -32,6 +32,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import LinearOperator, eigsh
 
 from dssync.schedules import Schedule, spectral_gap
+from dssync.schedules.base import coordinate_partition
 
 DENSE_UP_TO = 128
 EXACT_UP_TO = 512  # rate estimates up to this many steps are refined to the worst-case count  # below this, the dense eigen-solver of dssync.schedules is cheap and exact
@@ -43,7 +44,7 @@ def _labels(schedule: Schedule, world: int, cycle: int) -> list[tuple[np.ndarray
     out = []
     for t in range(cycle):
         ids = np.empty(world, dtype=np.int64)
-        groups = schedule.partition(t, world)
+        groups = coordinate_partition(schedule, t, world)
         for i, g in enumerate(groups):
             ids[g] = i
         out.append((ids, np.array([len(g) for g in groups], dtype=float)))

@@ -28,8 +28,8 @@ import numpy as np
 from dssync.cluster.spec import ClusterSpec
 from dssync.plan.flows import Net, Ring
 from dssync.schedules import Schedule, Shuffle
-from dssync.schedules.base import Partition
-from dssync.schedules.topology import plan_topology_aware
+from dssync.schedules.base import Partition, part_fraction
+from dssync.schedules.topology import SPREAD, plan_topology_aware
 from dssync.topology import Topology
 
 METHODS = ("ddp", "hierarchical", "dssync", "dssync-topo", "dssync-topo overlapped")
@@ -70,6 +70,9 @@ class Repeating(Schedule):
             self._seen[key] = self.schedule.partition(key[0], world_size)
         return [list(g) for g in self._seen[key]]
 
+    def part(self, group: list[int], step: int, world_size: int) -> tuple[int, int]:
+        return self.schedule.part(group, step % self.repeat, world_size)
+
     def describe(self) -> str:
         return f"Repeating({self.schedule.describe()}, repeat={self.repeat})"
 
@@ -92,13 +95,14 @@ def schedules(
     repeat: int = 8,
     rates: dict[str, float | None] | None = None,
     known: Topology | None = None,
+    spread: bool = SPREAD,
 ) -> dict[str, Schedule]:
     """The DS-Sync schedules the planner compares: random pairs and the topology-aware plan.
 
     The plan is made from ``known`` (what topology detection told the job) when given, else from
-    the cluster's own rates.
+    the cluster's own rates; ``spread`` as in :class:`~dssync.schedules.TopologyAware`.
     """
-    topo = plan_topology_aware(known or topology_of(spec, rates), max_every=repeat)
+    topo = plan_topology_aware(known or topology_of(spec, rates), max_every=repeat, spread=spread)
     return {
         "dssync": Repeating(Shuffle(2, seed=0), repeat),
         "dssync-topo": Repeating(topo, topo.repeat),
@@ -133,7 +137,9 @@ def schedule_s(
             start = clock.copy()
         key = t % cycle
         if key not in durations:
-            durations[key] = _step_durations(net, schedule.partition(t, n), nbytes)
+            groups = schedule.partition(t, n)
+            shares = [part_fraction(schedule.part(g, t, n)) for g in groups]
+            durations[key] = _step_durations(net, groups, nbytes, shares)
         ids, length = durations[key]
         ready = clock + compute_s
         begin = np.full(len(length), -np.inf)
@@ -144,15 +150,17 @@ def schedule_s(
 
 
 def _step_durations(
-    net: Net, groups: list[list[int]], nbytes: float
+    net: Net, groups: list[list[int]], nbytes: float, shares: list[float] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each rank's group index, and each group's seconds when all groups of the step run at once."""
+    """Each rank's group index, and each group's seconds when all groups of the step run at once
+    (group i moving ``shares[i]`` of ``nbytes``: the slice its schedule gives it)."""
+    shares = shares or [1.0] * len(groups)
     ids = np.empty(net.world, dtype=np.int64)
     for i, g in enumerate(groups):
         ids[g] = i
     length = np.zeros(len(groups))
     pairs = [i for i, g in enumerate(groups) if len(g) > 1]
-    length[pairs] = net.finish_times([Ring.allreduce(groups[i], nbytes) for i in pairs])
+    length[pairs] = net.finish_times([Ring.allreduce(groups[i], nbytes * shares[i]) for i in pairs])
     return ids, length
 
 
@@ -187,17 +195,19 @@ def predict(
     window: range | None = None,
     plans: dict[str, Schedule] | None = None,
     host_s_per_byte: float = 0.0,
+    spread: bool = SPREAD,
 ) -> list[Prediction]:
     """Each method of :data:`METHODS` on ``spec``, for a model of ``params`` float32 parameters.
 
     ``rates`` overrides link rates (``{"rack_uplink:0": 100.0}``); ``known`` is the topology the
     topology-aware plan is made from; ``window`` the steps a run times (default: one cycle);
     ``plans`` the schedules, if :func:`schedules` already made them; ``host_s_per_byte`` the
-    CPU's cost per byte of a ring edge (see :class:`Net`).
+    CPU's cost per byte of a ring edge (see :class:`Net`); ``spread`` whether the topology-aware
+    plan spreads its crossings over the steps.
     """
     net = Net(spec, latency_s=latency_s, rates=rates, host_s_per_byte=host_s_per_byte)
     nbytes = BYTES_PER_PARAM * params
-    plans = plans or schedules(spec, repeat, rates, known)
+    plans = plans or schedules(spec, repeat, rates, known, spread)
     domains = (known or topology_of(spec)).domains()
     sync = {
         "ddp": ring_s(net, nbytes),

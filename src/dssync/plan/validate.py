@@ -192,6 +192,7 @@ def _predicted_sync(
             plan_from,
             window,
             host_s_per_byte=host_s_per_byte,
+            spread=bool(settings.get("spread", False)),  # runs before spreading did not record it
         )
         return next(p.sync_s for p in got if p.method == method)
 

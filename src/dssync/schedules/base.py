@@ -15,6 +15,8 @@ from dssync.errors import UsageError
 
 Group = list[int]
 Partition = list[Group]
+Part = tuple[int, int]  # (index, parts): the index-th of ``parts`` equal slices of every buffer
+WHOLE: Part = (0, 1)
 
 
 class Schedule(ABC):
@@ -30,6 +32,15 @@ class Schedule(ABC):
     @abstractmethod
     def partition(self, step: int, world_size: int) -> Partition:
         """The disjoint groups of ``step`` for ``world_size`` ranks."""
+
+    def part(self, group: Group, step: int, world_size: int) -> Part:
+        """Which slice of the averaged tensors ``group`` averages at ``step``: ``(index, parts)``.
+
+        ``(0, 1)`` (the default) is all of them. A schedule may spread a costly group's bytes
+        over several steps by averaging one slice at a time (see ``TopologyAware(spread=True)``);
+        each coordinate still sees a doubly stochastic mixing matrix at every step.
+        """
+        return WHOLE
 
     def cycle(self, world_size: int) -> int | None:
         """Number of steps after which the pattern repeats, or None if it never does.
@@ -50,7 +61,12 @@ class Schedule(ABC):
 
         Ranks compare fingerprints at start-up to catch a schedule that differs across ranks.
         """
-        text = self.describe() + repr([self.partition(s, world_size) for s in range(steps)])
+        text = self.describe() + repr(
+            [
+                [(g, self.part(g, s, world_size)) for g in self.partition(s, world_size)]
+                for s in range(steps)
+            ]
+        )
         return hashing.fingerprint(text)
 
     def __repr__(self) -> str:
@@ -119,3 +135,34 @@ def group_of(partition: Partition, rank: int) -> Group:
         if rank in g:
             return g
     raise ValueError(f"rank {rank} is in no group of {partition}")
+
+
+def part_slice(numel: int, part: Part) -> slice:
+    """The elements of a flat buffer of ``numel`` elements that ``part`` covers.
+
+    >>> part_slice(10, (1, 4)), part_slice(10, WHOLE)
+    (slice(2, 5, None), slice(0, 10, None))
+    """
+    index, parts = part
+    return slice(numel * index // parts, numel * (index + 1) // parts)
+
+
+def part_fraction(part: Part) -> float:
+    """The share of the bytes ``part`` moves."""
+    return 1.0 / part[1]
+
+
+def coordinate_partition(schedule: Schedule, step: int, world_size: int) -> Partition:
+    """The partition as the first coordinate of every buffer sees it at ``step``.
+
+    A group that averages another slice leaves that coordinate alone, so its members count as
+    singletons; mixing matrices and steps to consensus are those of this partition (every slice
+    is mixed alike, shifted in time).
+    """
+    out: Partition = []
+    for g in schedule.partition(step, world_size):
+        if schedule.part(g, step, world_size)[0] == 0:
+            out.append(g)
+        else:
+            out += [[r] for r in g]
+    return canonical(out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dssync.schedules.base import Partition, Schedule, check_partition
+from dssync.schedules.base import Partition, Schedule, check_partition, coordinate_partition
 
 
 def mixing_matrix(partition: Partition, world_size: int) -> np.ndarray:
@@ -23,7 +23,7 @@ def product_matrix(schedule: Schedule, world_size: int, start: int, steps: int) 
     """W_{start+steps-1} @ ... @ W_{start}: the mixing done by ``steps`` consecutive rounds."""
     p = np.eye(world_size)
     for t in range(start, start + steps):
-        p = mixing_matrix(schedule.partition(t, world_size), world_size) @ p
+        p = mixing_matrix(coordinate_partition(schedule, t, world_size), world_size) @ p
     return p
 
 
@@ -35,7 +35,7 @@ def spectral_gap(schedule: Schedule, world_size: int, steps: int = 64, start: in
     """
     mean = (
         sum(
-            mixing_matrix(schedule.partition(t, world_size), world_size)
+            mixing_matrix(coordinate_partition(schedule, t, world_size), world_size)
             for t in range(start, start + steps)
         )
         / steps

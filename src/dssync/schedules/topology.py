@@ -9,6 +9,16 @@ The paper's "bottleneck-free" division. At each step:
   otherwise, so a slow host never sets the pace of the others;
 * everyone else is shuffled into groups of ``group_size`` inside their own domain.
 
+With ``spread=True`` a crossing's or a slow host's bytes are spread over the steps between two
+full syncs instead of sent at once: every step one slice of the model crosses (slice ``step %
+cross_every`` of ``cross_every``; a slow rank's pair takes slice ``(step + i) % slow_every`` of
+``slow_every``), so each step's crossing costs 1/cross_every of a whole one and hides behind the
+local pairs, where a whole crossing every ``cross_every`` steps stalls its pair, then the partners
+that wait for it. Every coordinate still crosses once every ``cross_every`` steps, and each
+step's mixing matrix is doubly stochastic for every coordinate. A rank in a crossing sits out
+its rack's pairs for that step, so a rack needs three fast ranks or more for its own pairs to go
+on mixing: :func:`plan_topology_aware` spreads only then (racks of two would never mix inside).
+
 After log2 D crossing rounds every one of D domains has heard from every other (D a power of two;
 otherwise a few more), so steps to consensus grow with log2 D, not with D as they would if racks
 met along a ring.
@@ -29,6 +39,9 @@ import numpy as np
 from dssync.errors import UsageError
 from dssync.schedules.base import Partition, Schedule, canonical, check_group_size, split_even
 
+# Whether plans spread crossings and slow hosts' syncs over the steps (TopologyAware's spread).
+SPREAD = True
+SPREAD_MIN_RANKS = 3  # fast ranks a rack needs for its pairs to go on beside a spread crossing
 # A crossing may add at most this fraction of a local sync's time per step, amortized.
 CROSSING_BUDGET = 0.25
 
@@ -79,6 +92,7 @@ class TopologyAware(Schedule):
         slow_every: int = 4,
         seed: int = 0,
         local_repeat: int = 8,
+        spread: bool = False,
     ) -> None:
         check_group_size(group_size)
         for name, value in (
@@ -99,6 +113,7 @@ class TopologyAware(Schedule):
         self.slow = tuple(sorted(int(r) for r in slow))
         self.slow_every = slow_every
         self.seed = seed
+        self.spread = bool(spread)
         self.rounds = max(1, (len(self.domains) - 1).bit_length())  # crossing rounds per sweep
         self.repeat = math.lcm(cross_every * self.rounds, slow_every, local_repeat)
 
@@ -120,7 +135,7 @@ class TopologyAware(Schedule):
         pools = [[r for r in d if r not in slow] for d in self.domains]
         groups: list[list[int]] = []
         rng = np.random.default_rng([self.seed, key])
-        if key % self.cross_every == 0:
+        if self.spread or key % self.cross_every == 0:
             event = key // self.cross_every
             for pair in crossing_pairs(len(pools), event % self.rounds):
                 for i in range(min(self.cross_pairs, *(len(pools[d]) for d in pair))):
@@ -129,10 +144,11 @@ class TopologyAware(Schedule):
                     groups.append([_take(pools[d], int(rng.integers(len(pools[d])))) for d in turn])
         for i, r in enumerate(self.slow):
             home = next(d for d, dom in enumerate(self.domains) if r in dom)
-            if (key + i) % self.slow_every == 0:
+            if self.spread or (key + i) % self.slow_every == 0:
                 donor = home if pools[home] else max(range(len(pools)), key=lambda d: len(pools[d]))
                 if pools[donor]:
-                    groups.append([r, _take(pools[donor], key // self.slow_every + i)])
+                    turn = key if self.spread else key // self.slow_every  # donors take turns
+                    groups.append([r, _take(pools[donor], turn + i)])
                     continue
             groups.append([r])
         for pool in pools:
@@ -141,6 +157,19 @@ class TopologyAware(Schedule):
             elif pool:
                 groups += split_even([int(r) for r in rng.permutation(pool)], self.group_size)
         return canonical(groups)
+
+    def part(self, group: list[int], step: int, world_size: int) -> tuple[int, int]:
+        """With ``spread``, a crossing or slow group's slice of the model; else all of it."""
+        if not self.spread:
+            return (0, 1)
+        key = step % self.repeat
+        for i, r in enumerate(self.slow):
+            if r in group:
+                return ((key + i) % self.slow_every, self.slow_every)
+        home = {r: d for d, dom in enumerate(self.domains) for r in dom}
+        if len({home[r] for r in group}) > 1:
+            return (key % self.cross_every, self.cross_every)
+        return (0, 1)
 
     def crossings(self, step: int, world_size: int) -> list[list[int]]:
         """The groups of ``step`` that span more than one domain."""
@@ -201,7 +230,12 @@ def every_for(ratio: float, cap: int) -> int:
 
 
 def plan_topology_aware(
-    topology, group_size: int = 2, seed: int = 0, max_every: int = 8, cross_pairs: int = 1
+    topology,
+    group_size: int = 2,
+    seed: int = 0,
+    max_every: int = 8,
+    cross_pairs: int = 1,
+    spread: bool = SPREAD,
 ) -> TopologyAware:
     """The schedule for a :class:`dssync.topology.Topology`: domains, crossing and slow-host pace.
 
@@ -232,8 +266,11 @@ def plan_topology_aware(
         if slow and local and slow_rates
         else max_every
     )
+    domains = topology.domains()
+    fast = [len([r for r in d if r not in slow]) for d in domains]
+    spread = spread and min(fast) >= SPREAD_MIN_RANKS
     return TopologyAware(
-        topology.domains(),
+        domains,
         group_size=group_size,
         cross_every=cross_every,
         cross_pairs=cross_pairs,
@@ -241,4 +278,5 @@ def plan_topology_aware(
         slow_every=slow_every,
         seed=seed,
         local_repeat=max_every,
+        spread=spread,
     )

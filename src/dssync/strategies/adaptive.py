@@ -29,6 +29,7 @@ from torch import nn
 from dssync.comm.clock import clock, module_device
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
+from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import TopologyAware, plan_topology_aware
 from dssync.strategies.dssync import DSSync
 from dssync.topology import Topology
@@ -107,12 +108,16 @@ class AdaptiveDSSync(DSSync):
             topology, self.group_size, self.seed, max_every=self.replan_every
         )
 
-    def _average_group(self, group: list[int]) -> None:
-        """Average with the group, timing only the transfer (the device's work included)."""
+    def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
+        """Average with the group, timing only the transfer (the device's work included).
+
+        A slice's time is scaled to the whole model's (times the number of slices), so a spread
+        crossing is compared with local syncs as a whole crossing would be.
+        """
         self.line_up(group)  # a tag-only exchange: waiting for a late partner is not transfer
         t0 = clock(self.device)
-        self._average(group, len(group))
-        spent = clock(self.device) - t0
+        self._average(group, len(group), part=part)
+        spent = (clock(self.device) - t0) * part[1]
         crosses = len({self._home[r] for r in group}) > 1
         (self._cross if crosses else self._local).append(spent)
 

@@ -24,6 +24,7 @@ from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
+from dssync.schedules.base import WHOLE, Part
 from dssync.strategies.base import Strategy, SyncTimer
 
 
@@ -165,13 +166,13 @@ class DSSync(Strategy, Joinable):
             partition = self.schedule.partition(self.steps, self.world_size)
             group = group_of(partition, self.rank)
             if len(group) > 1:
-                self._average_group(group)
+                self._average_group(group, self.schedule.part(group, self.steps, self.world_size))
             self.steps += 1
             self._advanced()
 
-    def _average_group(self, group: list[int]) -> None:
-        """Average with ``group`` (a subclass may time or wrap this)."""
-        self._average(group, len(group))
+    def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
+        """Average ``part`` of the model with ``group`` (a subclass may time or wrap this)."""
+        self._average(group, len(group), part=part)
 
     def line_up(self, group: list[int]) -> None:
         """Wait until every member of ``group`` reached this step: a tagged exchange of one element
@@ -191,8 +192,8 @@ class DSSync(Strategy, Joinable):
         with SyncTimer(self):
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
 
-    def _average(self, group: list[int], size: int, kind: int = STEP) -> None:
-        """Average buckets and optimizer state with ``group`` (ranks of the process group)."""
+    def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
+        """Average buckets and optimizer state (``part`` of them) with ``group``."""
         if size < 2:
             return
         if not self._buckets.intact():
@@ -203,7 +204,12 @@ class DSSync(Strategy, Joinable):
             )
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         self.router.average(
-            group, kind, self.steps, buffers=self._buckets.buffers, tensors=self._optimizer_state()
+            group,
+            kind,
+            self.steps,
+            buffers=self._buckets.buffers,
+            tensors=self._optimizer_state(),
+            part=part,
         )
 
     def _optimizer_state(self) -> list[torch.Tensor]:

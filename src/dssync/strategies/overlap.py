@@ -49,6 +49,7 @@ from dssync.comm.buckets import pack, plan_buckets
 from dssync.comm.lane import OVERLAP, Lane, Pending
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import group_of
+from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import SyncTimer
 from dssync.strategies.dssync import DSSync
@@ -97,12 +98,12 @@ class OverlapDSSync(DSSync):
             self.finish()
             group = group_of(self.schedule.partition(self.steps, self.world_size), self.rank)
             if len(group) > 1:
-                self._start(group)
+                self._start(group, self.schedule.part(group, self.steps, self.world_size))
             self.steps += 1
             self._advanced()
 
     @torch.no_grad()
-    def _start(self, group: list[int]) -> None:
+    def _start(self, group: list[int], part: Part = WHOLE) -> None:
         if not self._buckets.intact():
             warnings.warn(
                 "the module's tensors were replaced since DSSync wrapped it (e.g. by .to()); "
@@ -112,7 +113,8 @@ class OverlapDSSync(DSSync):
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         snapshot = [b.clone() for b in self._buckets.buffers]
         snapshot += [flat for flat, _ in pack(self._optimizer_state(), self.bucket_bytes)]
-        self._pending = (self.lane.start(group, OVERLAP, self.steps, snapshot), snapshot)
+        pending = self.lane.start(group, OVERLAP, self.steps, snapshot, part)
+        self._pending = (pending, snapshot)
 
     def _arrive(self) -> None:
         """Wait for the average in flight, if any, without merging it."""

@@ -1,0 +1,67 @@
+"""Topology-aware DS-Sync with spread crossings: each crossing averages one slice of the model,
+the rest stays put, and the ranks still reach one model."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dssync.comm.averager import Router
+from dssync.comm.tags import STEP
+from dssync.launch import spawn
+from dssync.schedules.topology import TopologyAware
+from dssync.strategies.dssync import DSSync
+
+
+def _slice_average() -> list[float]:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    buf = torch.full((10,), float(rank))
+    Router(None).average([0, 1], STEP, 0, buffers=[buf], part=(1, 4))  # elements 2, 3, 4
+    return buf.tolist()
+
+
+def test_router_averages_only_the_given_slice():
+    out = spawn(_slice_average, 2, timeout_s=60)
+    for rank, buf in enumerate(out):
+        assert buf[2:5] == [0.5] * 3
+        assert buf[:2] + buf[5:] == [float(rank)] * 7
+
+
+def _train(steps: int) -> dict:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Linear(64, 1)
+    # Rack 1 is one rank: it crosses every step, a slice at a time, with rack 0's ranks in turn.
+    schedule = TopologyAware([[0, 1, 2], [3]], cross_every=4, spread=True)
+    sync = DSSync(model, schedule=schedule)
+    with torch.no_grad():  # rack 0 holds 0, rack 1 holds 1: only crossings mix them
+        for p in model.parameters():
+            p.fill_(float(rank == 3))
+    spread = []
+    for _ in range(steps):
+        sync.step()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        spread.append(flat.clone())
+    sync.average_all()
+    final = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"flat": [f.tolist() for f in spread], "final": final.tolist()}
+
+
+def test_spread_crossings_mix_every_slice_and_keep_the_mean():
+    out = spawn(_train, 4, args=(24,), timeout_s=120)
+    n = len(out[0]["final"])
+    for t in range(24):
+        rows = torch.tensor([o["flat"][t] for o in out])
+        assert torch.allclose(rows.mean(0), torch.full((n,), 0.25), atol=1e-6)  # mean kept
+    first = torch.tensor([o["flat"][0] for o in out])
+    assert (first[3] == 0.5).sum() == n // 4  # step 0: one slice of four crossed, at 1/2
+    assert (first[3] == 1.0).sum() == n - n // 4  # the rest stayed as it was
+    after_one_cycle = torch.tensor([o["flat"][3] for o in out])
+    assert (after_one_cycle[3] < 1.0).all()  # after 4 steps every slice has crossed once
+    last = torch.tensor([o["flat"][-1] for o in out])
+    assert (last.max(0).values - last.min(0).values).max() < 0.1  # converging
+    assert all(o["final"] == out[0]["final"] for o in out)  # average_all: one model
