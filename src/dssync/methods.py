@@ -119,11 +119,16 @@ def _hierarchical(
 
 
 def _dssync_topo(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+    cfg: TrainConfig,
+    module: nn.Module,
+    opt: torch.optim.Optimizer,
+    topology: Topology | None,
+    spread: bool = True,
 ) -> Strategy:
     return AdaptiveDSSync(
         module,
         topology,
+        spread=spread,
         replan_every=cfg.replan_every,
         group_size=cfg.group_size,
         seed=cfg.seed,
@@ -227,6 +232,12 @@ _TABLE = [
         "dssync-topo",
         "DS-Sync with topology-aware groups, re-planned from timings",
         _dssync_topo,
+        needs=_TOPO_RATES,
+    ),
+    Method(
+        "dssync-topo-whole",
+        "topology-aware DS-Sync whose crossings go whole every few steps, not spread (ablation)",
+        functools.partial(_dssync_topo, spread=False),
         needs=_TOPO_RATES,
     ),
     Method(

@@ -101,10 +101,10 @@ def lower_bound(
         return hierarchical_bound(spec, nbytes, rates)
     if method in ("dssync", "dssync-allreduce"):
         return schedule_bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
-    if method == "dssync-topo":
+    if method in ("dssync-topo", "dssync-topo-whole"):
         topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
-        schedule = plan_topology_aware(topo, max_every=repeat)
+        schedule = plan_topology_aware(topo, max_every=repeat, spread=method != "dssync-topo-whole")
         return schedule_bound(spec, schedule, nbytes, schedule.repeat, rates)
     return None

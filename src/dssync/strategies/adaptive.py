@@ -30,7 +30,7 @@ from dssync.comm.clock import clock, module_device
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
 from dssync.schedules.base import WHOLE, Part
-from dssync.schedules.topology import TopologyAware, plan_topology_aware
+from dssync.schedules.topology import SPREAD, TopologyAware, plan_topology_aware
 from dssync.strategies.dssync import DSSync
 from dssync.topology import Topology
 
@@ -52,6 +52,8 @@ class AdaptiveDSSync(DSSync):
         group_size, seed: passed to the planner.
         min_signal_s: sync times are compared to at least this, so timer noise of tiny syncs
             never looks like a slow link.
+        spread: spread crossings and slow hosts' syncs over the steps, a slice of the model at a
+            time (see :class:`TopologyAware`); ``False`` sends them whole every few steps.
         **kwargs: passed to :class:`DSSync` (optimizer, bucket_bytes, timeout_s, ...).
 
     Example (under torchrun or :func:`dssync.launch.spawn`)::
@@ -73,6 +75,7 @@ class AdaptiveDSSync(DSSync):
         group_size: int = 2,
         seed: int = 0,
         min_signal_s: float = MIN_SIGNAL_S,
+        spread: bool = SPREAD,
         **kwargs,
     ) -> None:
         if replan_every < 1:
@@ -88,6 +91,7 @@ class AdaptiveDSSync(DSSync):
         self.group_size = group_size
         self.seed = seed
         self.min_signal_s = min_signal_s
+        self.spread = spread
         super().__init__(module, schedule=self._plan(topology), **kwargs)
         self.switches: list[tuple[int, str]] = []
         self._home = {r: d for d, dom in enumerate(topology.domains()) for r in dom}
@@ -100,12 +104,12 @@ class AdaptiveDSSync(DSSync):
         t = self.topology
         return (
             f"hosts={list(t.hosts)} racks={list(t.racks)} group_size={self.group_size} "
-            f"seed={self.seed} replan_every={self.replan_every}"
+            f"seed={self.seed} replan_every={self.replan_every} spread={self.spread}"
         )
 
     def _plan(self, topology: Topology) -> TopologyAware:
         return plan_topology_aware(
-            topology, self.group_size, self.seed, max_every=self.replan_every
+            topology, self.group_size, self.seed, max_every=self.replan_every, spread=self.spread
         )
 
     def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
