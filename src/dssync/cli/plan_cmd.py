@@ -11,7 +11,7 @@ from rich.console import Console
 
 from dssync.errors import UsageError
 from dssync.plan.clusters import cluster_for, to_toml
-from dssync.plan.tables import SCALES, make_plan, plan_table, scale_table
+from dssync.plan.tables import SCALES, make_plan, plan_table, scale_plans, scale_table_of
 from dssync.workloads import WORKLOADS
 
 TABLE_TOPOLOGIES = (
@@ -64,6 +64,14 @@ TABLE_TOPOLOGIES = (
     "scales",
     is_flag=True,
     help=f"Tables for the shipped cluster specs and the generated fabrics at {', '.join(map(str, SCALES))} workers.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE.png",
+    help="With --table: also plot iteration time and steps to consensus against workers (PNG).",
 )
 @click.option(
     "--validate",
@@ -123,6 +131,7 @@ def plan(
     latency_us,
     as_json,
     scales,
+    plot_path,
     validate_path,
     rates,
     host_json,
@@ -134,6 +143,8 @@ def plan(
     """Predict each method's iteration time and DS-Sync's steps to consensus (no network used)."""
     out = Console(width=80)
     latency_s = latency_us * 1e-6
+    if plot_path and not scales:
+        raise click.UsageError("--plot needs --table; add --table, or drop --plot")
     modes = [
         m
         for m, on in (
@@ -177,8 +188,15 @@ def plan(
         out.print(validate_table(data, rates, latency_s, host))
         return
     if scales:
+        tables = {}
         for name in TABLE_TOPOLOGIES:
-            out.print(scale_table(name, params, compute_ms / 1000, latency_s=latency_s))
+            tables[name] = scale_plans(name, params, compute_ms / 1000, SCALES, latency_s)
+            out.print(scale_table_of(tables[name]))
+        if plot_path:
+            from dssync.report.plan_plot import plan_plot
+
+            plan_plot(tables, plot_path)
+            click.echo(f"plot written to {plot_path}")
         return
     spec = cluster_for(topology, workers)
     if write_topology:

@@ -119,6 +119,17 @@ def plan_table(plan: Plan) -> Table:
     return t
 
 
+def scale_plans(
+    name: str,
+    params: int,
+    compute_s: float,
+    scales: tuple[int, ...] = SCALES,
+    latency_s: float = 50e-6,
+) -> list[Plan]:
+    """The plan of topology ``name`` at each worker count of ``scales``, in that order."""
+    return [make_plan(cluster_for(name, n), params, compute_s, latency_s) for n in scales]
+
+
 def scale_table(
     name: str,
     params: int,
@@ -127,7 +138,12 @@ def scale_table(
     latency_s: float = 50e-6,
 ) -> Table:
     """One row per worker count: iteration time of each method, steps to consensus of DS-Sync."""
-    first = cluster_for(name, scales[0])
+    return scale_table_of(scale_plans(name, params, compute_s, scales, latency_s))
+
+
+def scale_table_of(plans: list[Plan]) -> Table:
+    """:func:`scale_table` of plans already made (one topology, one plan per worker count)."""
+    first = plans[0].spec
     t = Table(
         title=f"{first.name}: {shape(first)}\nms per iteration, then steps to consensus (1e-3)",
         box=box.SIMPLE_HEAD,
@@ -139,10 +155,9 @@ def scale_table(
         t.add_column(m, justify="right")
     t.add_column("shuffle", justify="right")
     t.add_column("topo", justify="right")
-    for n in scales:
-        plan = make_plan(cluster_for(name, n), params, compute_s, latency_s)
+    for plan in plans:
         t.add_row(
-            str(n),
+            str(plan.spec.world_size),
             *[f"{p.iter_s * 1000:,.0f}" for p in plan.predictions],
             _steps(plan.steps["dssync"]),
             _steps(plan.steps["dssync-topo"]),
