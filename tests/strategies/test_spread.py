@@ -65,3 +65,25 @@ def test_spread_crossings_mix_every_slice_and_keep_the_mean():
     last = torch.tensor([o["flat"][-1] for o in out])
     assert (last.max(0).values - last.min(0).values).max() < 0.1  # converging
     assert all(o["final"] == out[0]["final"] for o in out)  # average_all: one model
+
+
+def _late_partner() -> tuple[float, float]:
+    import time
+
+    import torch.distributed as dist
+
+    router = Router(None)
+    buf = torch.zeros(1000)
+    if dist.get_rank() == 1:
+        time.sleep(0.5)  # a late partner: rank 0 waits, but that is not transfer
+    t0 = time.perf_counter()
+    router.average([0, 1], STEP, 0, buffers=[buf])
+    end = time.perf_counter()
+    return router.arrived - t0, end - router.arrived
+
+
+def test_arrival_splits_waiting_for_a_late_partner_from_transfer():
+    out = spawn(_late_partner, 2, timeout_s=60)
+    waited, moved = out[0]
+    assert waited > 0.3  # rank 0's wait for rank 1 ends when its tag arrives
+    assert moved < 0.2  # the 4 KB that follow are quick

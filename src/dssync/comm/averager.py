@@ -99,6 +99,7 @@ class Router:
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()
         self.created = 0
+        self.arrived: float | None = None  # a point-to-point average's: see Exchange.arrived
         self.pairs = pairs
         self.max_groups = max_groups
         if dist.get_backend(self.parent) == dist.Backend.NCCL:
@@ -170,6 +171,7 @@ class Router:
         members that disagree on the slice are caught as a step mismatch.
         """
         group = list(group)
+        self.arrived = None
         if len(group) < 2:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
@@ -185,6 +187,7 @@ class Router:
             )
         else:
             self.exchange.average(every, group, tag, self.timeout_s)
+            self.arrived = self.exchange.arrived
         unpack(flats)
 
 

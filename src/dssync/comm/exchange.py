@@ -137,6 +137,8 @@ class Exchange:
     """Group averages by point-to-point messages on one parent group (no group creation).
 
     ``group`` ranks are ranks of ``process_group``. Receive buffers are kept between calls.
+    ``arrived`` is when (``time.perf_counter``) the last call had every peer's tag checked: the
+    moment the whole group had come, so what follows is transfer, not waiting for a late peer.
     """
 
     def __init__(
@@ -150,6 +152,7 @@ class Exchange:
         self.chunk_bytes = chunk_bytes
         self.window = max(int(window), 1)
         self._recv: dict[tuple[int, int], torch.Tensor] = {}
+        self.arrived: float | None = None
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
@@ -205,6 +208,7 @@ class Exchange:
             wait(works[2 * j], deadline, tag, group, timeout_s, [p])
             wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p])
         check_peers(tag, tags, group)
+        self.arrived = time.perf_counter()
         k = len(group)
         for i, sl, first in slots:
             for j, p in enumerate(peers):
@@ -283,6 +287,7 @@ class Exchange:
         ahead = [phase1(c) for c in range(min(self.window, len(plan)))]
         done(head)
         check_peers(tag, {peer: theirs}, group)
+        self.arrived = time.perf_counter()
         back = []
         for c, (b, own, other, recv) in enumerate(plan):
             done(ahead[c])  # b[other] sent (it may now be overwritten); my half arrived

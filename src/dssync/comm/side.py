@@ -9,10 +9,9 @@ Design (device-correct by construction):
   never came after a timeout. It goes through :func:`side_group`, a gloo group over the same
   ranks, made once per training group and cached. When the training group already runs gloo it
   is its own side group, so a CPU job opens no extra sockets.
-* Two exchanges ride the training group although they carry no parameters, because what they
-  serve is the training group's own behaviour: the link probe's timed transfers (to measure the
-  links training uses) and the adaptive strategy's line-up before a timed average. Both send
-  tensors of the parameters' dtype on the parameters' device.
+* One exchange rides the training group although it carries no parameters, because what it
+  serves is the training group's own behaviour: the link probe's timed transfers (to measure the
+  links training uses). It sends tensors of the parameters' dtype on the parameters' device.
 
 nccl refuses CPU tensors, so a collective that sent metadata through an nccl training group would
 fail before the first step; routing it here keeps the GPU path correct without any copy to the

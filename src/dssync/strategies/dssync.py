@@ -119,7 +119,6 @@ class DSSync(Strategy, Joinable):
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
                 broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
-        self._line: torch.Tensor | None = None  # line_up's one element, made on first use
         self._prepare_cycle()
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -173,15 +172,6 @@ class DSSync(Strategy, Joinable):
     def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
         """Average ``part`` of the model with ``group`` (a subclass may time or wrap this)."""
         self._average(group, len(group), part=part)
-
-    def line_up(self, group: list[int]) -> None:
-        """Wait until every member of ``group`` reached this step: a tagged exchange of one element
-        on the parameters' device (so nccl takes it), carrying no information."""
-        if self._line is None:
-            first = self._buckets.buffers[0] if self._buckets.buffers else torch.zeros(1)
-            self._line = torch.zeros(1, dtype=first.dtype, device=first.device)
-        self._line.zero_()
-        self.router.average(group, STEP, self.steps, buffers=[self._line])
 
     def _advanced(self) -> None:
         """Called after each step moved to the next partition (a subclass may re-plan here)."""
