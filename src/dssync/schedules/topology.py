@@ -67,8 +67,9 @@ class TopologyAware(Schedule):
     ==========================  ==================  ================
 
     (1,153 / 482 / 48 steps for 1, 2, 4 pairs at 256 workers; 1,537 / 638 / 64 at 1,024; the
-    iteration time does not change with the number of racks.) Wide and rare beats narrow and
-    often for mixing; narrow keeps each step's traffic within a slow uplink, which is what this
+    iteration time does not change with the number of racks.) These are whole crossings
+    (``spread=False``); one pair spread over the 8 steps mixes alike (766 steps) at 178 ms.
+    Wide and rare beats narrow and often for mixing; narrow keeps each step's traffic within a slow uplink, which is what this
     schedule is for, so one pair stays the default; pass ``cross_pairs`` = rack size to trade
     iteration time for mixing. With D not a power of two some domains sit some rounds out and
     mixing is slower (5 racks of 4: 1,395 steps with one pair).
