@@ -90,18 +90,29 @@ def test_topology_aware_covers_ranks_and_mixes(topo):
 
 
 def test_crossings_are_rare_and_narrow():
-    s = plan_topology_aware(S2)
-    crossings = [s.crossings(t, 8) for t in range(s.repeat)]
-    assert s.cross_every == 8
+    whole = plan_topology_aware(S2, spread=False)
+    crossings = [whole.crossings(t, 8) for t in range(whole.repeat)]
+    assert whole.cross_every == 8
     assert sum(1 for c in crossings if c) == 1  # once per cycle
     assert all(len(c) <= 1 and all(len(g) == 2 for g in c) for c in crossings)  # one pair
+    spread = plan_topology_aware(S2)  # the default: a slice of the model crosses every step
+    parts = []
+    for t in range(spread.repeat):
+        (g,) = spread.crossings(t, 8)  # one pair at every step
+        assert len(g) == 2
+        parts.append(spread.part(g, t, 8))
+    assert sorted(parts) == [(i, 8) for i in range(8)]  # one whole model per cycle
 
 
 def test_slow_host_syncs_rarely_in_pairs():
-    s = plan_topology_aware(S3)
-    groups = [next(g for g in s.partition(t, 8) if 3 in g) for t in range(s.repeat)]
-    assert s.slow == (3,) and s.slow_every == 8
+    whole = plan_topology_aware(S3, spread=False)
+    groups = [next(g for g in whole.partition(t, 8) if 3 in g) for t in range(whole.repeat)]
+    assert whole.slow == (3,) and whole.slow_every == 8
     assert sum(len(g) > 1 for g in groups) == 1 and max(len(g) for g in groups) == 2
+    spread = plan_topology_aware(S3)
+    groups = [next(g for g in spread.partition(t, 8) if 3 in g) for t in range(spread.repeat)]
+    assert all(len(g) == 2 for g in groups)  # a pair at every step, an eighth of the model each
+    assert sorted(spread.part(g, t, 8) for t, g in enumerate(groups)) == [(i, 8) for i in range(8)]
 
 
 def test_every_for_and_describe():
