@@ -89,3 +89,26 @@ def test_arrival_splits_waiting_for_a_late_partner_from_transfer():
     waited, moved = out[0]
     assert waited > 0.3  # rank 0's wait for rank 1 ends when its tag arrives
     assert moved < 0.2  # the 4 KB that follow are quick
+
+
+def _different_slices() -> str:
+    import torch.distributed as dist
+
+    from dssync.errors import SyncError
+
+    rank = dist.get_rank()
+    router = Router(None)
+    if rank == 2:
+        return "idle"
+    buf = torch.full((8,), float(rank))
+    try:  # slices of equal size, but not the same elements: must not mix silently
+        router.average([0, 1], STEP, 0, buffers=[buf], part=(1 + rank, 4))
+    except SyncError as e:
+        return "refused: " + str(e)
+    return f"mixed {buf.tolist()}"
+
+
+def test_ranks_on_different_slices_are_refused():
+    out = spawn(_different_slices, 3, timeout_s=60)
+    assert out[0].startswith("refused") and out[1].startswith("refused"), out
+    assert "bucket layout" in out[0]

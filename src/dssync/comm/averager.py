@@ -99,7 +99,7 @@ class Router:
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()
         self.created = 0
-        self.arrived: float | None = None  # a point-to-point average's: see Exchange.arrived
+        self.arrived: float | None = None  # when the last average's members had all come
         self.pairs = pairs
         self.max_groups = max_groups
         if dist.get_backend(self.parent) == dist.Backend.NCCL:
@@ -178,11 +178,13 @@ class Router:
         every = list(buffers) + [f for f, _ in flats]
         if part != WHOLE:
             every = [b[part_slice(b.numel(), part)] for b in every]
-        tag = Tag(kind, step, layout_of(every))
+        tag = Tag(kind, step, layout_of(every, part))
         if len(group) == self.size:
-            collective_average(every, self.parent, group, tag, self.timeout_s, self.roll)
+            self.arrived = collective_average(
+                every, self.parent, group, tag, self.timeout_s, self.roll
+            )
         elif tuple(group) in self.groups:
-            collective_average(
+            self.arrived = collective_average(
                 every, self.groups[tuple(group)], group, tag, self.timeout_s, self.roll
             )
         else:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
-from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_spread, layout_of
+from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
 from dssync.errors import PeerLost
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
@@ -314,18 +314,26 @@ def collective_average(
     tag: Tag,
     timeout_s: float,
     roll: RollCall | None = None,
-) -> None:
-    """Average ``buffers`` over all ranks of ``process_group`` (divide, then all-reduce), tagged."""
+) -> float:
+    """Average ``buffers`` over all ranks of ``process_group`` (divide, then all-reduce), tagged.
+
+    Returns when (``time.perf_counter``) the tags' all-reduce, posted first, had been checked:
+    every member had come, so what follows is transfer (as :attr:`Exchange.arrived`). A tag
+    mismatch raises before the data is waited for (every member sees the same reduced tags).
+    """
     deadline = time.monotonic() + timeout_s
     device = buffers[0].device if buffers else torch.device("cpu")
-    spread = tag.spread(device)
-    works = [dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
+    signed = tag.signed(device)
+    works = [dist.all_reduce(signed, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
     for b in buffers:
         b.div_(len(group))
         works.append(dist.all_reduce(b, group=process_group, async_op=True))
-    for w in works:
+    wait(works[0], deadline, tag, group, timeout_s, roll=roll)
+    check_signed(tag, signed, group)  # reads the tags on the host: on a GPU too, they are in
+    arrived = time.perf_counter()
+    for w in works[1:]:
         wait(w, deadline, tag, group, timeout_s, roll=roll)
-    check_spread(tag, spread, group)
+    return arrived
 
 
 def broadcast_tensors(

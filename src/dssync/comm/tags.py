@@ -53,7 +53,7 @@ class Tag:
     def tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.tensor([self.kind, self.step, self.layout], dtype=torch.int64, device=device)
 
-    def spread(self, device: torch.device | str = "cpu") -> torch.Tensor:
+    def signed(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """``[t, -t]``, for a MAX all-reduce that agrees exactly when every rank sent the same."""
         t = self.tensor(device)
         return torch.cat([t, -t])
@@ -62,10 +62,11 @@ class Tag:
         return f"{KIND_NAMES.get(self.kind, self.kind)} at step {self.step}"
 
 
-def layout_of(buffers: Sequence[torch.Tensor]) -> int:
-    """A 63-bit fingerprint of the sizes and dtypes of ``buffers``, in order."""
+def layout_of(buffers: Sequence[torch.Tensor], part: tuple[int, int] = (0, 1)) -> int:
+    """A 63-bit fingerprint of the sizes and dtypes of ``buffers``, in order, and of ``part``
+    (the slice of the model they are; two slices of equal size still differ)."""
     text = ";".join(f"{b.numel()}:{b.dtype}" for b in buffers)
-    return fingerprint(text)
+    return fingerprint(text if part == (0, 1) else f"{text}|part {part[0]}/{part[1]}")
 
 
 def decode(t: torch.Tensor) -> Tag:
@@ -91,8 +92,8 @@ def check_peers(mine: Tag, theirs: dict[int, torch.Tensor], group: list[int]) ->
         )
 
 
-def check_spread(mine: Tag, reduced: torch.Tensor, group: list[int]) -> None:
-    """Raise SyncError unless a MAX-reduced ``spread`` shows every rank sent ``mine``."""
+def check_signed(mine: Tag, reduced: torch.Tensor, group: list[int]) -> None:
+    """Raise SyncError unless a MAX-reduced ``signed`` tensor shows every rank sent ``mine``."""
     high, low = reduced[:3].tolist(), [-v for v in reduced[3:].tolist()]
     want = [mine.kind, mine.step, mine.layout]
     if high != want or low != want:
