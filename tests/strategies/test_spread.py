@@ -3,6 +3,7 @@ the rest stays put, and the ranks still reach one model."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -91,24 +92,39 @@ def test_arrival_splits_waiting_for_a_late_partner_from_transfer():
     assert moved < 0.2  # the 4 KB that follow are quick
 
 
-def _different_slices() -> str:
+def _different_slices(out_dir: str) -> None:
+    import os
+    import time
+    from pathlib import Path
+
     import torch.distributed as dist
 
     from dssync.errors import SyncError
 
     rank = dist.get_rank()
-    router = Router(None)
+    router = Router(None)  # of 3 ranks: the pair [0, 1] goes point to point
     if rank == 2:
-        return "idle"
+        return
     buf = torch.full((8,), float(rank))
     try:  # slices of equal size, but not the same elements: must not mix silently
         router.average([0, 1], STEP, 0, buffers=[buf], part=(1 + rank, 4))
+        result = f"mixed {buf.tolist()}"
     except SyncError as e:
-        return "refused: " + str(e)
-    return f"mixed {buf.tolist()}"
+        result = f"refused: {e}"
+    Path(out_dir, str(rank)).write_text(result)
+    # A refused exchange leaves its chunks posted: leave, as a failed run does, once both wrote
+    # (a failed rank's exit makes spawn kill the rest).
+    end = time.monotonic() + 30
+    while time.monotonic() < end and len(list(Path(out_dir).iterdir())) < 2:
+        time.sleep(0.05)
+    os._exit(3)
 
 
-def test_ranks_on_different_slices_are_refused():
-    out = spawn(_different_slices, 3, timeout_s=60)
+def test_ranks_on_different_slices_are_refused(tmp_path):
+    from dssync.launch import WorkerError
+
+    with pytest.raises(WorkerError):
+        spawn(_different_slices, 3, args=(str(tmp_path),), timeout_s=60)
+    out = [(tmp_path / str(r)).read_text() for r in (0, 1)]
     assert out[0].startswith("refused") and out[1].startswith("refused"), out
     assert "bucket layout" in out[0]
