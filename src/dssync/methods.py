@@ -28,6 +28,7 @@ from torch import nn
 
 from dssync.errors import UsageError
 from dssync.schedules import ExpGossip, schedule_from_name
+from dssync.schedules.topology import SPREAD
 from dssync.strategies import (
     BSP,
     DPSGD,
@@ -123,7 +124,7 @@ def _dssync_topo(
     module: nn.Module,
     opt: torch.optim.Optimizer,
     topology: Topology | None,
-    spread: bool = True,
+    spread: bool = SPREAD,
 ) -> Strategy:
     return AdaptiveDSSync(
         module,

@@ -17,7 +17,9 @@ local pairs, where a whole crossing every ``cross_every`` steps stalls its pair,
 that wait for it. Every coordinate still crosses once every ``cross_every`` steps, and each
 step's mixing matrix is doubly stochastic for every coordinate. A rank in a crossing sits out
 its rack's pairs for that step, so a rack needs three fast ranks or more for its own pairs to go
-on mixing: :func:`plan_topology_aware` spreads only then (racks of two would never mix inside).
+on mixing: :func:`plan_topology_aware` spreads only where every rack keeps at least one group
+of its own beside its crossing ranks and its slow ranks' partners (racks of two would never mix
+inside).
 
 After log2 D crossing rounds every one of D domains has heard from every other (D a power of two;
 otherwise a few more), so steps to consensus grow with log2 D, not with D as they would if racks
@@ -37,11 +39,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from dssync.errors import UsageError
-from dssync.schedules.base import Partition, Schedule, canonical, check_group_size, split_even
+from dssync.schedules.base import (
+    Part,
+    Partition,
+    Schedule,
+    canonical,
+    check_group_size,
+    split_even,
+)
 
 # Whether plans spread crossings and slow hosts' syncs over the steps (TopologyAware's spread).
 SPREAD = True
-SPREAD_MIN_RANKS = 3  # fast ranks a rack needs for its pairs to go on beside a spread crossing
 # A crossing may add at most this fraction of a local sync's time per step, amortized.
 CROSSING_BUDGET = 0.25
 
@@ -69,9 +77,9 @@ class TopologyAware(Schedule):
     (1,153 / 482 / 48 steps for 1, 2, 4 pairs at 256 workers; 1,537 / 638 / 64 at 1,024; the
     iteration time does not change with the number of racks.) These are whole crossings
     (``spread=False``); one pair spread over the 8 steps mixes alike (766 steps) at 178 ms.
-    Wide and rare beats narrow and often for mixing; narrow keeps each step's traffic within a slow uplink, which is what this
-    schedule is for, so one pair stays the default; pass ``cross_pairs`` = rack size to trade
-    iteration time for mixing. With D not a power of two some domains sit some rounds out and
+    Wide and rare beats narrow and often for mixing; narrow keeps each step's traffic within a
+    slow uplink, which is what this schedule is for, so one pair stays the default; pass
+    ``cross_pairs`` = rack size to trade iteration time for mixing. With D not a power of two some domains sit some rounds out and
     mixing is slower (5 racks of 4: 1,395 steps with one pair).
 
     Example::
@@ -159,7 +167,7 @@ class TopologyAware(Schedule):
                 groups += split_even([int(r) for r in rng.permutation(pool)], self.group_size)
         return canonical(groups)
 
-    def part(self, group: list[int], step: int, world_size: int) -> tuple[int, int]:
+    def part(self, group: list[int], step: int, world_size: int) -> Part:
         """With ``spread``, a crossing or slow group's slice of the model; else all of it."""
         if not self.spread:
             return (0, 1)
@@ -268,8 +276,13 @@ def plan_topology_aware(
         else max_every
     )
     domains = topology.domains()
-    fast = [len([r for r in d if r not in slow]) for d in domains]
-    spread = spread and min(fast) >= SPREAD_MIN_RANKS
+    # Spread only where each rack keeps a pair of its own beside its crossings and slow donors.
+    crossing = cross_pairs if len(domains) > 1 else 0
+    left = [
+        len([r for r in d if r not in slow]) - crossing - len([r for r in d if r in slow])
+        for d in domains
+    ]
+    spread = spread and min(left) >= group_size
     return TopologyAware(
         domains,
         group_size=group_size,

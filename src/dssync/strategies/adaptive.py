@@ -7,9 +7,9 @@ average itself), so waiting for a late partner is not counted and no extra messa
 tensor (each rank fills its own row), compute the same new estimate of the topology from it,
 and, if the plan changes, switch to the re-planned :class:`TopologyAware` schedule at the same step.
 
-Data and metadata: the transfer is timed with :func:`dssync.comm.clock.clock`, which waits for the device, so a GPU's
-asynchronous collectives are timed whole. The shared timings are float64 CPU metadata and go
-through the side group (:func:`dssync.comm.side.side_group`).
+Data and metadata: the transfer is timed with :func:`dssync.comm.clock.clock`, which waits for
+the device, so a GPU's asynchronous collectives are timed whole. The shared timings are float64
+CPU metadata and go through the side group (:func:`dssync.comm.side.side_group`).
 
 Sync time (the ``sync`` column): as for :class:`DSSync`, the wall time of :meth:`step`, which runs
 after the optimizer step and so never overlaps backward: choosing the group, the
@@ -159,11 +159,14 @@ class AdaptiveDSSync(DSSync):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved step on the saved plan (every rank loads alike: collective)."""
-        if "setup" in state and state["setup"] != self._setup():
+        saved = state.get("setup")
+        if saved is not None and "spread=" not in saved:
+            saved += " spread=False"  # written before crossings were spread
+        if saved is not None and saved != self._setup():
             raise UsageError(
-                f"checkpoint was written by topology-aware DS-Sync with {state['setup']}, this run "
+                f"checkpoint was written by topology-aware DS-Sync with {saved}, this run "
                 f"uses {self._setup()}; resume with the same hosts and racks, --group-size, "
-                "--seed and --replan-every"
+                "--seed and --replan-every (spread=False: --sync dssync-topo-whole)"
             )
         self.steps = int(state["steps"])
         if "host_mbit" not in state:  # a checkpoint from before re-plans were saved

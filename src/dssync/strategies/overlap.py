@@ -50,7 +50,7 @@ from dssync.comm.lane import OVERLAP, Lane, Pending
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import group_of
 from dssync.schedules.base import WHOLE, Part
-from dssync.schedules.topology import plan_topology_aware
+from dssync.schedules.topology import SPREAD, plan_topology_aware
 from dssync.strategies.base import SyncTimer
 from dssync.strategies.dssync import DSSync
 from dssync.topology import Topology
@@ -212,6 +212,7 @@ class TopoOverlapDSSync(OverlapDSSync):
         max_every: int = 8,
         group_size: int = 2,
         seed: int = 0,
+        spread: bool = SPREAD,
         **kwargs: Any,
     ) -> None:
         if max_every < 1:
@@ -223,5 +224,7 @@ class TopoOverlapDSSync(OverlapDSSync):
 
             topology = detect()
         self.topology = topology
-        schedule = plan_topology_aware(topology, group_size, seed, max_every=max_every)
+        schedule = plan_topology_aware(
+            topology, group_size, seed, max_every=max_every, spread=spread
+        )
         super().__init__(module, schedule=schedule, **kwargs)
