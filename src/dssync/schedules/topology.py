@@ -79,8 +79,9 @@ class TopologyAware(Schedule):
     (``spread=False``); one pair spread over the 8 steps mixes alike (766 steps) at 178 ms.
     Wide and rare beats narrow and often for mixing; narrow keeps each step's traffic within a
     slow uplink, which is what this schedule is for, so one pair stays the default; pass
-    ``cross_pairs`` = rack size to trade iteration time for mixing. With D not a power of two some domains sit some rounds out and
-    mixing is slower (5 racks of 4: 1,395 steps with one pair).
+    ``cross_pairs`` = rack size to trade iteration time for mixing. With D not a power of two
+    some domains sit some rounds out and mixing is slower (5 racks of 4: 1,395 steps with one
+    pair).
 
     Example::
 
