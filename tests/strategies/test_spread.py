@@ -128,3 +128,40 @@ def test_ranks_on_different_slices_are_refused(tmp_path):
     out = [(tmp_path / str(r)).read_text() for r in (0, 1)]
     assert out[0].startswith("refused") and out[1].startswith("refused"), out
     assert "bucket layout" in out[0]
+
+
+def _blocking_and_overlapped(steps: int) -> dict:
+    import torch.distributed as dist
+
+    from dssync.strategies.overlap import OverlapDSSync
+
+    rank = dist.get_rank()
+    out = {}
+    for name, cls in (("blocking", DSSync), ("overlap", OverlapDSSync)):
+        torch.manual_seed(0)
+        model = nn.Linear(16, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()  # momentum buffers exist, and are averaged with the parameters
+        schedule = TopologyAware([[0, 1, 2], [3]], cross_every=4, spread=True)
+        sync = cls(model, schedule=schedule, optimizer=opt)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(rank == 3))
+        rows = []
+        for _ in range(steps):
+            sync.step()  # no local update between steps
+            rows.append(torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+        out[name] = rows
+        if name == "overlap":
+            sync.close()
+    return out
+
+
+def test_overlapped_slices_give_the_blocking_bits_one_step_later():
+    out = spawn(_blocking_and_overlapped, 4, args=(9,), timeout_s=120)
+    for rank_out in out:
+        blocking, overlap = rank_out["blocking"], rank_out["overlap"]
+        assert blocking[0] != blocking[1]  # the slices moved something
+        for t in range(8):  # with no local update, overlap merges step t's average at t + 1
+            assert overlap[t + 1] == blocking[t]
