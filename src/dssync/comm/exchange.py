@@ -157,6 +157,19 @@ class Exchange:
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
 
+    def _scratch(self, key: tuple[int, int], b: torch.Tensor) -> torch.Tensor:
+        """A receive buffer shaped like flat ``b``: a view of one kept per key, grown only when
+        ``b`` is larger (a slice of the model after the whole, or back, reuses it)."""
+        have = self._recv.get(key)
+        if (
+            have is None
+            or have.numel() < b.numel()
+            or have.dtype != b.dtype
+            or have.device != b.device
+        ):
+            have = self._recv[key] = torch.empty(b.numel(), dtype=b.dtype, device=b.device)
+        return have[: b.numel()]
+
     def _chunks(self, b: torch.Tensor) -> list[slice]:
         step = max(self.chunk_bytes // b.element_size(), 1)
         return [slice(i, min(i + step, b.numel())) for i in range(0, b.numel(), step)]
@@ -181,20 +194,14 @@ class Exchange:
                 dist.P2POp(dist.irecv, tags[p], self._global(p), self.parent),
             ]
         slots = []  # (buffer index, slice, first op index) per chunk, in order
+        recv = {}  # by position: memory stays k-1 buffers
         for i, b in enumerate(buffers):
-            for p in peers:
-                key = (peers.index(p), i)  # by position: memory stays k-1 buffers
-                if (
-                    key not in self._recv
-                    or self._recv[key].shape != b.shape
-                    or self._recv[key].dtype != b.dtype
-                    or self._recv[key].device != b.device
-                ):
-                    self._recv[key] = torch.empty_like(b)
+            for j in range(len(peers)):
+                recv[(j, i)] = self._scratch((j, i), b)
             for sl in self._chunks(b):
                 slots.append((i, sl, len(ops)))
                 for p in peers:
-                    theirs = self._recv[(peers.index(p), i)]
+                    theirs = recv[(peers.index(p), i)]
                     ops += [
                         dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
                         dist.P2POp(dist.irecv, theirs[sl], self._global(p), self.parent),
@@ -215,7 +222,7 @@ class Exchange:
                 wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
                 wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
             own = buffers[i][sl]
-            parts = [own if r == self.rank else self._recv[(peers.index(r), i)][sl] for r in group]
+            parts = [own if r == self.rank else recv[(peers.index(r), i)][sl] for r in group]
             total = parts[0].clone()
             for part in parts[1:]:
                 total.add_(part)
@@ -261,14 +268,7 @@ class Exchange:
         )
         plan = []  # (buffer, own half, peer's half, recv buffer) per chunk, in order
         for i, b in enumerate(buffers):
-            recv = self._recv.get((0, i))
-            if (
-                recv is None
-                or recv.shape != b.shape
-                or recv.dtype != b.dtype
-                or recv.device != b.device
-            ):
-                recv = self._recv[(0, i)] = torch.empty_like(b)
+            recv = self._scratch((0, i), b)
             for sl in self._chunks(b):
                 mid = sl.start + (sl.stop - sl.start) // 2
                 low, high = slice(sl.start, mid), slice(mid, sl.stop)
