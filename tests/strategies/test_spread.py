@@ -85,6 +85,7 @@ def _late_partner() -> tuple[float, float]:
     return router.arrived - t0, end - router.arrived
 
 
+@pytest.mark.slow  # the quick tier keeps under 6 minutes; CI runs it
 def test_arrival_splits_waiting_for_a_late_partner_from_transfer():
     out = spawn(_late_partner, 3, timeout_s=60)
     waited, moved = out[0]
@@ -158,6 +159,7 @@ def _blocking_and_overlapped(steps: int) -> dict:
     return out
 
 
+@pytest.mark.slow  # the quick tier keeps under 6 minutes; CI runs it
 def test_overlapped_slices_give_the_blocking_bits_one_step_later():
     out = spawn(_blocking_and_overlapped, 4, args=(9,), timeout_s=120)
     for rank_out in out:
