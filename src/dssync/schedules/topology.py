@@ -124,6 +124,7 @@ class TopologyAware(Schedule):
         self.slow_every = slow_every
         self.seed = seed
         self.spread = bool(spread)
+        self._home = {r: d for d, dom in enumerate(self.domains) for r in dom}
         self.rounds = max(1, (len(self.domains) - 1).bit_length())  # crossing rounds per sweep
         self.repeat = math.lcm(cross_every * self.rounds, slow_every, local_repeat)
 
@@ -176,15 +177,13 @@ class TopologyAware(Schedule):
         for i, r in enumerate(self.slow):
             if r in group:
                 return ((key + i) % self.slow_every, self.slow_every)
-        home = {r: d for d, dom in enumerate(self.domains) for r in dom}
-        if len({home[r] for r in group}) > 1:
+        if len({self._home[r] for r in group}) > 1:
             return (key % self.cross_every, self.cross_every)
         return (0, 1)
 
     def crossings(self, step: int, world_size: int) -> list[list[int]]:
         """The groups of ``step`` that span more than one domain."""
-        home = {r: d for d, dom in enumerate(self.domains) for r in dom}
-        return [g for g in self.partition(step, world_size) if len({home[r] for r in g}) > 1]
+        return [g for g in self.partition(step, world_size) if len({self._home[r] for r in g}) > 1]
 
 
 def crossing_pairs(domains: int, round_: int) -> list[tuple[int, int]]:
