@@ -39,6 +39,12 @@ def tcp_side(role: str, address: str, tries: int) -> None:
         s = socket.create_connection((address, PORT_TCP), timeout=30)
     payload = b"x" * NBYTES
     for _ in range(tries):
+        # both sides start together: the client waits, then sends one byte; the server starts on it
+        if role == "client":
+            time.sleep(0.2)
+            s.sendall(b"g")
+        elif s.recv(1) != b"g":
+            return
         got = 0
 
         def receive() -> None:
@@ -56,7 +62,6 @@ def tcp_side(role: str, address: str, tries: int) -> None:
         rx.join(timeout=30)
         if role == "client":
             print(time.perf_counter() - t0, flush=True)
-            time.sleep(0.2)
 
 
 def gloo_side(rank: int, master: str, ifname: str, tries: int) -> None:
@@ -67,7 +72,7 @@ def gloo_side(rank: int, master: str, ifname: str, tries: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     peer = 1 - rank
     mine, theirs = torch.ones(NBYTES // 4), torch.empty(NBYTES // 4)
-    for kind in ("gloo", "gloo one way"):
+    for kind in ("gloo", "gloo, receive posted first", "gloo one way"):
         for _ in range(tries):
             dist.barrier()
             time.sleep(0.2)
@@ -77,11 +82,15 @@ def gloo_side(rank: int, master: str, ifname: str, tries: int) -> None:
                 ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
                 for w in dist.batch_isend_irecv(ops):
                     w.wait()
+            elif kind == "gloo, receive posted first":
+                ops = [dist.P2POp(dist.irecv, theirs, peer), dist.P2POp(dist.isend, mine, peer)]
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
             elif rank == 0:
                 dist.send(mine, peer)
             else:
                 dist.recv(theirs, peer)
-            dist.barrier() if kind != "gloo" else None
+            dist.barrier() if kind == "gloo one way" else None
             if rank == 0:
                 print(kind, time.perf_counter() - t0, flush=True)
     dist.destroy_process_group()
@@ -132,7 +141,7 @@ def main() -> None:
         ]
         out, _ = procs[0].communicate(timeout=300)
         procs[1].wait(timeout=60)
-        for kind in ("gloo", "gloo one way"):
+        for kind in ("gloo", "gloo, receive posted first", "gloo one way"):
             times = [float(v.split()[-1]) for v in out.splitlines() if v.rsplit(" ", 1)[0] == kind]
             print(line(kind, times), flush=True)
 

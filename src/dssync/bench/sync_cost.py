@@ -93,7 +93,7 @@ def measure(
             raw_average(s)
             return
         peer = g[0] if g[1] == rank else g[1]
-        ops = [dist.P2POp(dist.isend, flat, peer), dist.P2POp(dist.irecv, recv, peer)]
+        ops = [dist.P2POp(dist.irecv, recv, peer), dist.P2POp(dist.isend, flat, peer)]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         flat.add_(recv).div_(2)

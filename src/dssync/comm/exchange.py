@@ -16,6 +16,12 @@ deadline; both leave every member with bit-identical buffers (the group mean) or
   order, so all compute the same floating-point sum; it moves k-1 buffers per member and is
   meant for small groups of a schedule that never repeats. Tags are compared exactly before any
   received byte is used.
+* Every batch posts its receive before its send. On gloo a send leaves only once the peer has
+  said its receive is posted, and that notice travels on the same connection as data: posted
+  after a send that could already go, it waited behind that send's bytes, and the two
+  directions of a pair ran one after the other. ``tools/both_ways.py`` on the emulated S3's
+  100 Mbit/s link, 2 MB each way: send first took 165-331 ms (twice the link time in 4 of 10
+  tries), receive first 165-222 ms, plain TCP 166-245 ms. nccl matches in posting order either way.
 * :func:`collective_average` divides each buffer by the group size and all-reduces it (exactly as
   PyTorch's ``model_averaging.utils.average_parameters``), with the tag all-reduced beside it.
 
@@ -190,8 +196,8 @@ class Exchange:
         ops = []
         for p in peers:
             ops += [
-                dist.P2POp(dist.isend, mine, self._global(p), self.parent),
                 dist.P2POp(dist.irecv, tags[p], self._global(p), self.parent),
+                dist.P2POp(dist.isend, mine, self._global(p), self.parent),
             ]
         slots = []  # (buffer index, slice, first op index) per chunk, in order
         recv = {}  # by position: memory stays k-1 buffers
@@ -203,8 +209,8 @@ class Exchange:
                 for p in peers:
                     theirs = recv[(peers.index(p), i)]
                     ops += [
-                        dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
                         dist.P2POp(dist.irecv, theirs[sl], self._global(p), self.parent),
+                        dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
                     ]
         works = dist.batch_isend_irecv(ops)
         if len(works) != len(ops):  # a backend that coalesces the batch into one work
@@ -262,8 +268,8 @@ class Exchange:
         mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
         head = post(
             [
-                dist.P2POp(dist.isend, mine, g, self.parent),
                 dist.P2POp(dist.irecv, theirs, g, self.parent),
+                dist.P2POp(dist.isend, mine, g, self.parent),
             ]
         )
         plan = []  # (buffer, own half, peer's half, recv buffer) per chunk, in order
@@ -279,8 +285,8 @@ class Exchange:
             b, own, other, recv = plan[c]
             return post(
                 [
-                    dist.P2POp(dist.isend, b[other], g, self.parent),
                     dist.P2POp(dist.irecv, recv[own], g, self.parent),
+                    dist.P2POp(dist.isend, b[other], g, self.parent),
                 ]
             )  # into a scratch buffer: nothing is used before the tags are checked
 
@@ -294,8 +300,8 @@ class Exchange:
             b[own].add_(recv[own]).div_(2)
             back += post(
                 [
-                    dist.P2POp(dist.isend, b[own], g, self.parent),
                     dist.P2POp(dist.irecv, b[other], g, self.parent),
+                    dist.P2POp(dist.isend, b[own], g, self.parent),
                 ]
             )
             if c + self.window < len(plan):

@@ -93,8 +93,8 @@ class DPSGD(Strategy):
         for peer, inbox in zip(self.peers, self._inbox, strict=True):
             dst = self._global(peer)
             for tag, (buf, recv) in enumerate(zip(self._buckets.buffers, inbox, strict=True)):
-                ops.append(dist.P2POp(dist.isend, buf, dst, self.process_group, tag))
                 ops.append(dist.P2POp(dist.irecv, recv, dst, self.process_group, tag))
+                ops.append(dist.P2POp(dist.isend, buf, dst, self.process_group, tag))
         for work in dist.batch_isend_irecv(ops):
             try:
                 work.wait(self.timeout)
