@@ -41,6 +41,7 @@ def _routers() -> dict:
     r = Router(None, pairs)  # the default: no group for pairs
     made["exchange"] = (r.created, sorted(r.groups), _average_with(r, pairs, 6))
     made["first_ops_on_nccl"] = _first_ops_as_if_nccl()
+    made["batches"] = _batches(pairs, cycle3)
     dist.barrier()
     return made
 
@@ -68,6 +69,24 @@ def _first_ops_as_if_nccl() -> list[str]:
     return seen
 
 
+def _batches(pairs, cycle3) -> list[list[tuple[str, int]]]:
+    """Each batch the Exchange posts (a pair, then a group of three): (operation, peer) in order."""
+    seen: list[list[tuple[str, int]]] = []
+    real = dist.batch_isend_irecv
+
+    def spy(ops):
+        seen.append([(op.op.__name__, op.peer) for op in ops])
+        return real(ops)
+
+    dist.batch_isend_irecv = spy
+    try:
+        _average_with(Router(None, pairs, chunk_bytes=8), pairs, 2)
+        _average_with(Router(None, cycle3, max_groups=0), cycle3, 1)
+    finally:
+        dist.batch_isend_irecv = real
+    return seen
+
+
 def test_groups_made_and_capped_and_every_path_averages():
     from dssync.launch import spawn
 
@@ -76,6 +95,15 @@ def test_groups_made_and_capped_and_every_path_averages():
     expect_made["small_chunks"] = 0
     for r in ranks:  # one all_reduce on the parent group before any point-to-point op
         assert r.pop("first_ops_on_nccl")[:2] == ["all_reduce", "batch_isend_irecv"]
+    for r in ranks:  # each batch receives from a peer before it sends to it (gloo: see exchange)
+        batches = r.pop("batches")
+        assert len(batches) > 4
+        for batch in batches:
+            for peer in {p for _, p in batch}:
+                kinds = [k for k, p in batch if p == peer]
+                if len(kinds) > 1:  # a one-element chunk's empty half leaves one operation
+                    want = ["irecv", "isend"] * (len(kinds) // 2)
+                    assert kinds == want, f"a send posted before its receive: {batch}"
     for name, made in expect_made.items():
         assert [r[name][0] for r in ranks] == [made] * WORLD, name
     assert len(ranks[0]["all_pairs"][1]) == 3  # rank 0 is in three of the six pairs
