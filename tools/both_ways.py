@@ -3,10 +3,14 @@
 Builds ``s3-slow-host`` (root, iproute2), then between host 0 and the 100 Mbit/s host 3 times
 ``--tries`` exchanges of 2 MB in each direction at once, 0.2 s apart:
 
-* ``tcp``: one TCP connection, each side sending while it receives (plain sockets);
+* ``tcp``: one TCP connection, each side sending while it receives (plain sockets); the client
+  starts a try with one byte and the server starts on it, so neither side's bytes sit waiting in
+  the other's socket before the clock starts;
 * ``tcp, no slow start after idle``: the same with ``net.ipv4.tcp_slow_start_after_idle=0``
   written in both host namespaces;
-* ``gloo``: ``batch_isend_irecv`` of a 2 MB tensor each way (what a DS-Sync pair exchange posts);
+* ``gloo``: ``batch_isend_irecv`` of a 2 MB tensor each way, the send posted first (what a
+  DS-Sync pair exchange posted before it put receives first);
+* ``gloo, receive posted first``: the same batch with the receive first (what it posts now);
 * ``gloo one way``: ``send`` / ``recv`` of the same tensor.
 
 Prints one line per kind with each try's milliseconds and Mbit/s each way; tears the cluster down.
