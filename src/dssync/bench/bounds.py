@@ -64,6 +64,29 @@ def schedule_bound(
     return busiest_s(link_loads(spec, sends), rates) / steps
 
 
+def schedule_floor(
+    spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
+) -> float:
+    """Per-step floor of a DS-Sync schedule: each step's busiest link on its own, averaged.
+
+    A step's groups run at once and each rank's next step waits on its group, so a step lasts at
+    least as long as its busiest link needs. :func:`schedule_bound` lets a link's idle steps make
+    up for its busy ones, which ranks held in step by their pairs cannot: where every step holds
+    a whole-model pair on a 1 Gbit/s link (S2's spread crossings) the floor is that pair's time.
+    It is a floor for ranks in step, not a strict bound (a rank may run ahead of a slow pair).
+    """
+    n = spec.world_size
+    total = 0.0
+    for t in range(steps):
+        sends = [
+            s
+            for g in schedule.partition(t, n)
+            for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
+        ]
+        total += busiest_s(link_loads(spec, sends), rates)
+    return total / steps
+
+
 def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float | None]) -> float:
     """Reduce in each domain (reduce-scatter + gather), ring all-reduce of leaders, broadcast back."""
     domains = spec.topology().domains()
@@ -86,11 +109,15 @@ def lower_bound(
     nbytes: float,
     repeat: int = 8,
     rates: dict[str, float | None] | None = None,
+    per_step: bool = False,
 ) -> float | None:
     """Seconds per iteration that the link rates allow ``method`` at best (sync only).
 
-    None for a method with no model here (its bound is not worked out).
+    ``per_step``: a DS-Sync schedule's :func:`schedule_floor` instead of its bound over the
+    cycle (the same for BSP and hierarchical, one phase pattern every step). None for a method
+    with no model here (its bound is not worked out).
     """
+    bound = schedule_floor if per_step else schedule_bound
     rates = rates or spec.link_rates()
     method = get_method(method).name
     if method == "bsp":
@@ -100,11 +127,11 @@ def lower_bound(
     if method == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if method in ("dssync", "dssync-allreduce"):
-        return schedule_bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
+        return bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
     if method in ("dssync-topo", "dssync-topo-whole"):
         topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
         schedule = plan_topology_aware(topo, max_every=repeat, spread=method != "dssync-topo-whole")
-        return schedule_bound(spec, schedule, nbytes, schedule.repeat, rates)
+        return bound(spec, schedule, nbytes, schedule.repeat, rates)
     return None
