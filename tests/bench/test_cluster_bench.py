@@ -193,7 +193,7 @@ def test_bench_tables_fit_80_columns():
         "p99_iter_s": 45.123,
         "worst_iter_s": 123.456,
         "lower_bound_s": 0.128,
-        "step_floor_s": 0.2,
+        "step_bound_s": 0.2,
         "max_link_bytes_per_iter": 123.4e6,
         "ratio_to_ddp": 12.34,
         "compute_s": 0.1,
@@ -212,8 +212,8 @@ def test_bench_tables_fit_80_columns():
     for compute_ms in (0.0, 100.0):
         t = bench_table(results, 4_000_000, compute_ms)
         assert _width(t) <= 80, compute_ms
-    floor = bench_table(results, 4_000_000).columns[-1]
-    assert floor.header == "x floor" and list(floor.cells)[1] == "156.17x"  # 31.234 s / 0.2 s
+    step = bench_table(results, 4_000_000).columns[-1]
+    assert step.header == "x step" and list(step.cells)[1] == "156.17x"  # 31.234 s / 0.2 s
     t = recovery_table(results)
     assert _width(t) <= 80
     lossy = {

@@ -70,7 +70,10 @@ def _first_ops_as_if_nccl() -> list[str]:
 
 
 def _batches(pairs, cycle3) -> list[list[tuple[str, int]]]:
-    """Each batch the Exchange posts (a pair, then a group of three): (operation, peer) in order."""
+    """Each batch posted by the Exchange (a pair, then a group of three) and by the start-up
+    probe's swap: (operation, peer) in order."""
+    from dssync.topology.probe import _swap
+
     seen: list[list[tuple[str, int]]] = []
     real = dist.batch_isend_irecv
 
@@ -82,6 +85,8 @@ def _batches(pairs, cycle3) -> list[list[tuple[str, int]]]:
     try:
         _average_with(Router(None, pairs, chunk_bytes=8), pairs, 2)
         _average_with(Router(None, cycle3, max_groups=0), cycle3, 1)
+        rank = dist.get_rank()
+        _swap(torch.ones(3), torch.empty(3), rank ^ 1, dist.group.WORLD, 60.0)
     finally:
         dist.batch_isend_irecv = real
     return seen
@@ -95,9 +100,12 @@ def test_groups_made_and_capped_and_every_path_averages():
     expect_made["small_chunks"] = 0
     for r in ranks:  # one all_reduce on the parent group before any point-to-point op
         assert r.pop("first_ops_on_nccl")[:2] == ["all_reduce", "batch_isend_irecv"]
-    for r in ranks:  # each batch receives from a peer before it sends to it (gloo: see exchange)
+    for rank, r in enumerate(ranks):  # each batch receives from a peer before it sends to it
         batches = r.pop("batches")
         assert len(batches) > 4
+        assert len(batches[-1]) == 2  # the probe's swap
+        if rank in (0, 1, 2):  # the group of three posts to two peers in one batch
+            assert any(len({p for _, p in b}) == 2 for b in batches)
         for batch in batches:
             for peer in {p for _, p in batch}:
                 kinds = [k for k, p in batch if p == peer]

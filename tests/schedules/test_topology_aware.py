@@ -175,8 +175,8 @@ def test_spread_keeps_the_bound_and_the_mixing_of_whole_crossings():
     assert consensus_steps(spread, 8) <= 1.2 * consensus_steps(whole, 8)
 
 
-def test_step_floor_counts_each_step_busiest_link():
-    from dssync.bench.bounds import lower_bound, schedule_bound, schedule_floor
+def test_step_bound_counts_each_step_busiest_link():
+    from dssync.bench.bounds import lower_bound, schedule_bound, schedule_step_bound
     from dssync.cluster.spec import load_cluster
 
     spec = load_cluster("s2-inter-rack")
@@ -184,14 +184,14 @@ def test_step_floor_counts_each_step_busiest_link():
     spread = TopologyAware(racks(2, 4), cross_every=8, spread=True)
     nbytes, rates = 16e6, spec.link_rates()
     pair_s = nbytes * 8 / 1e9  # a whole-model pair on a 1 Gbit/s host link: 0.128 s
-    # Spread: every step holds such a pair, so the floor is its time, above the cycle's bound.
-    assert schedule_floor(spec, spread, nbytes, 8, rates) == pytest.approx(pair_s)
+    # Spread: every step holds such a pair, so the step bound is its time, above the cycle's.
+    assert schedule_step_bound(spec, spread, nbytes, 8, rates) == pytest.approx(pair_s)
     assert schedule_bound(spec, spread, nbytes, 8, rates) < pair_s
     # Whole crossings: seven steps of local pairs, one whose pair crosses the 200 Mbit/s uplink.
     crossing_s = nbytes * 8 / 200e6
     want = (7 * pair_s + crossing_s) / 8
-    assert schedule_floor(spec, whole, nbytes, 8, rates) == pytest.approx(want)
-    # One phase pattern every step: the floor of BSP is its bound.
+    assert schedule_step_bound(spec, whole, nbytes, 8, rates) == pytest.approx(want)
+    # One phase pattern every step: BSP's step bound is its bound.
     assert lower_bound(spec, "bsp", nbytes, per_step=True) == lower_bound(spec, "bsp", nbytes)
 
 

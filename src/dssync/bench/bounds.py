@@ -50,41 +50,41 @@ def busiest_s(loads: dict[tuple[str, str], float], rates: dict[str, float | None
     return max(times, default=0.0)
 
 
+def _step_sends(schedule: Schedule, t: int, n: int, nbytes: float) -> list[Send]:
+    """What step ``t``'s groups send: a ring all-reduce of each group's slice of ``nbytes``."""
+    return [
+        s
+        for g in schedule.partition(t, n)
+        for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
+    ]
+
+
 def schedule_bound(
     spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
 ) -> float:
     """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
     n = spec.world_size
-    sends = [
-        s
-        for t in range(steps)
-        for g in schedule.partition(t, n)
-        for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
-    ]
+    sends = [s for t in range(steps) for s in _step_sends(schedule, t, n, nbytes)]
     return busiest_s(link_loads(spec, sends), rates) / steps
 
 
-def schedule_floor(
+def schedule_step_bound(
     spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
 ) -> float:
-    """Per-step floor of a DS-Sync schedule: each step's busiest link on its own, averaged.
+    """Step bound of a DS-Sync schedule: each step's busiest link on its own, averaged.
 
     A step's groups run at once and each rank's next step waits on its group, so a step lasts at
     least as long as its busiest link needs. :func:`schedule_bound` lets a link's idle steps make
     up for its busy ones, which ranks held in step by their pairs cannot: where every step holds
-    a whole-model pair on a 1 Gbit/s link (S2's spread crossings) the floor is that pair's time.
-    It is a floor for ranks in step, not a strict bound (a rank may run ahead of a slow pair).
+    a whole-model pair on a 1 Gbit/s link (S2's spread crossings) this is that pair's time. It
+    bounds ranks that keep in step, not strictly (a rank may run ahead of a slow pair).
     """
     n = spec.world_size
-    total = 0.0
-    for t in range(steps):
-        sends = [
-            s
-            for g in schedule.partition(t, n)
-            for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
-        ]
-        total += busiest_s(link_loads(spec, sends), rates)
-    return total / steps
+    per_step = [
+        busiest_s(link_loads(spec, _step_sends(schedule, t, n, nbytes)), rates)
+        for t in range(steps)
+    ]
+    return sum(per_step) / steps
 
 
 def hierarchical_bound(spec: ClusterSpec, nbytes: float, rates: dict[str, float | None]) -> float:
@@ -113,11 +113,11 @@ def lower_bound(
 ) -> float | None:
     """Seconds per iteration that the link rates allow ``method`` at best (sync only).
 
-    ``per_step``: a DS-Sync schedule's :func:`schedule_floor` instead of its bound over the
+    ``per_step``: a DS-Sync schedule's :func:`schedule_step_bound` instead of its bound over the
     cycle (the same for BSP and hierarchical, one phase pattern every step). None for a method
     with no model here (its bound is not worked out).
     """
-    bound = schedule_floor if per_step else schedule_bound
+    bound = schedule_step_bound if per_step else schedule_bound
     rates = rates or spec.link_rates()
     method = get_method(method).name
     if method == "bsp":

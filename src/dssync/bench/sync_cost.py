@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dssync.comm.exchange import swap_ops
 from dssync.schedules import Shuffle, group_of
 from dssync.strategies import DSSync
 
@@ -93,7 +94,7 @@ def measure(
             raw_average(s)
             return
         peer = g[0] if g[1] == rank else g[1]
-        ops = [dist.P2POp(dist.irecv, recv, peer), dist.P2POp(dist.isend, flat, peer)]
+        ops = swap_ops(recv, flat, peer)
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         flat.add_(recv).div_(2)

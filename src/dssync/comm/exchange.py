@@ -16,12 +16,10 @@ deadline; both leave every member with bit-identical buffers (the group mean) or
   order, so all compute the same floating-point sum; it moves k-1 buffers per member and is
   meant for small groups of a schedule that never repeats. Tags are compared exactly before any
   received byte is used.
-* Every batch posts its receive before its send. On gloo a send leaves only once the peer has
-  said its receive is posted, and that notice travels on the same connection as data: posted
-  after a send that could already go, it waited behind that send's bytes, and the two
-  directions of a pair ran one after the other. ``tools/both_ways.py`` on the emulated S3's
-  100 Mbit/s link, 2 MB each way: send first took 165-331 ms (twice the link time in 4 of 10
-  tries), receive first 165-222 ms, plain TCP 166-245 ms. nccl matches in posting order either way.
+* Every swap posts its receive before its send (:func:`swap_ops`). On gloo a send leaves only
+  once the peer has said its receive is posted, and that notice travels on the same connection
+  as data: posted after a send that could already go, it waited behind that send's bytes, and
+  the two directions of a pair often ran one after the other (README, "Receives posted first").
 * :func:`collective_average` divides each buffer by the group size and all-reduces it (exactly as
   PyTorch's ``model_averaging.utils.average_parameters``), with the tag all-reduced beside it.
 
@@ -58,6 +56,25 @@ from dssync.errors import PeerLost
 # compromise: within 1.15x of all_reduce pairs on all three.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_WINDOW = 2  # chunks of a pair in their first phase at once
+
+
+def swap_ops(
+    recv: torch.Tensor,
+    send: torch.Tensor,
+    peer: int,
+    group: dist.ProcessGroup | None = None,
+    tag: int = 0,
+) -> list[dist.P2POp]:
+    """Operations that receive ``recv`` from global rank ``peer`` while sending ``send`` to it.
+
+    The receive comes first: on gloo it tells the peer its receive is ready before this rank's
+    own send can queue bytes ahead of that notice. Both peers post in the same order, so
+    messages match on gloo (by peer and tag) and on nccl (in posting order).
+    """
+    return [
+        dist.P2POp(dist.irecv, recv, peer, group, tag),
+        dist.P2POp(dist.isend, send, peer, group, tag),
+    ]
 
 
 def wait(
@@ -195,10 +212,7 @@ class Exchange:
         tags = {p: torch.empty_like(mine) for p in peers}
         ops = []
         for p in peers:
-            ops += [
-                dist.P2POp(dist.irecv, tags[p], self._global(p), self.parent),
-                dist.P2POp(dist.isend, mine, self._global(p), self.parent),
-            ]
+            ops += swap_ops(tags[p], mine, self._global(p), self.parent)
         slots = []  # (buffer index, slice, first op index) per chunk, in order
         recv = {}  # by position: memory stays k-1 buffers
         for i, b in enumerate(buffers):
@@ -208,10 +222,7 @@ class Exchange:
                 slots.append((i, sl, len(ops)))
                 for p in peers:
                     theirs = recv[(peers.index(p), i)]
-                    ops += [
-                        dist.P2POp(dist.irecv, theirs[sl], self._global(p), self.parent),
-                        dist.P2POp(dist.isend, b[sl], self._global(p), self.parent),
-                    ]
+                    ops += swap_ops(theirs[sl], b[sl], self._global(p), self.parent)
         works = dist.batch_isend_irecv(ops)
         if len(works) != len(ops):  # a backend that coalesces the batch into one work
             for w in works:
@@ -266,12 +277,7 @@ class Exchange:
 
         device = buffers[0].device if buffers else torch.device("cpu")
         mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
-        head = post(
-            [
-                dist.P2POp(dist.irecv, theirs, g, self.parent),
-                dist.P2POp(dist.isend, mine, g, self.parent),
-            ]
-        )
+        head = post(swap_ops(theirs, mine, g, self.parent))
         plan = []  # (buffer, own half, peer's half, recv buffer) per chunk, in order
         for i, b in enumerate(buffers):
             recv = self._scratch((0, i), b)
@@ -283,12 +289,8 @@ class Exchange:
 
         def phase1(c: int) -> list:
             b, own, other, recv = plan[c]
-            return post(
-                [
-                    dist.P2POp(dist.irecv, recv[own], g, self.parent),
-                    dist.P2POp(dist.isend, b[other], g, self.parent),
-                ]
-            )  # into a scratch buffer: nothing is used before the tags are checked
+            # into a scratch buffer: nothing is used before the tags are checked
+            return post(swap_ops(recv[own], b[other], g, self.parent))
 
         ahead = [phase1(c) for c in range(min(self.window, len(plan)))]
         done(head)
@@ -298,12 +300,7 @@ class Exchange:
         for c, (b, own, other, recv) in enumerate(plan):
             done(ahead[c])  # b[other] sent (it may now be overwritten); my half arrived
             b[own].add_(recv[own]).div_(2)
-            back += post(
-                [
-                    dist.P2POp(dist.irecv, b[other], g, self.parent),
-                    dist.P2POp(dist.isend, b[own], g, self.parent),
-                ]
-            )
+            back += post(swap_ops(b[other], b[own], g, self.parent))
             if c + self.window < len(plan):
                 ahead.append(phase1(c + self.window))
         done(back)

@@ -172,7 +172,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
     nbytes = 4 * s.params
     out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat)
-    out["step_floor_s"] = lower_bound(spec, method, nbytes, s.repeat, per_step=True)
+    out["step_bound_s"] = lower_bound(spec, method, nbytes, s.repeat, per_step=True)
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
     out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
     out["steps"] = steps

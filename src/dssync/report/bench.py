@@ -17,16 +17,15 @@ def bench_table(
     ``mean`` is the pace after warm-up; ``p99`` and ``worst`` are over the steps after warm-up,
     each step timed on its slowest rank; ``x DDP`` is the mean over DDP's in the same run;
     ``bound`` is the link-rate lower bound (:mod:`dssync.bench.bounds`) and ``x bound`` the mean
-    over it; ``x floor`` is the mean over a DS-Sync schedule's per-step floor (each step's busiest
-    link, as ranks held in step by their pairs need; the bound for other methods; its seconds are
-    ``step_floor_s`` in the JSON). With matrix work, ``MB/it`` is the bytes on the busiest link per iteration (always in the
-    JSON as ``max_link_bytes_per_iter``). With matrix work per step
-    (``compute_ms``), ``compute`` (a step with no synchronization, timed by each rank before
-    training), ``exposed`` (mean minus compute) and ``x max`` (an overlapped method's mean over
-    max(C, A): the larger of compute and its blocking counterpart's sync time in the same run;
-    1.0 would hide all of it) and ``x max/t`` (the same over the mean of max(C, A_t), step by step:
-    a step whose averaging outlasts the compute cannot be hidden) take the places of sync, the
-    bound and its ratio, and ``worst`` is left to the JSON (80 columns).
+    over it; ``x step`` is the mean over the step bound (a DS-Sync schedule's busiest link step by
+    step, as ranks held in step by their pairs need; the bound for other methods; its seconds
+    are ``step_bound_s`` in the JSON). With matrix work per step (``compute_ms``), ``compute`` (a
+    step with no synchronization, timed by each rank before training), ``exposed`` (mean minus
+    compute), ``x max`` (an overlapped method's mean over max(C, A): the larger of compute and
+    its blocking counterpart's sync time in the same run; 1.0 would hide all of it), ``x max/t``
+    (the same over the mean of max(C, A_t), step by step: a step whose averaging outlasts the
+    compute cannot be hidden) and ``MB/it`` (the bytes on the busiest link per iteration) take
+    the places of worst, sync, the bounds and their ratios, all left to the JSON.
     """
     what = "compute (an idle wait)" if kind == "idle" else "matrix work"
     work = f", {compute_ms:g} ms of {what} a step" if compute_ms else ""
@@ -36,7 +35,7 @@ def bench_table(
         padding=(0, 0),
         show_edge=False,
     )
-    cols = ["method", "mean", "p99", "worst", "sync", "x DDP", "bound", "x bound", "x floor"]
+    cols = ["method", "mean", "p99", "worst", "sync", "x DDP", "bound", "x bound", "x step"]
     if compute_ms:
         cols = ["method", "mean", "p99", "compute", "exposed", "x max", "x max/t", "x DDP", "MB/it"]
     for col in cols:
@@ -44,7 +43,7 @@ def bench_table(
     for scenario, methods in results.items():
         t.add_row(f"[bold]{scenario}[/bold]", *[""] * (len(cols) - 1))
         for method, r in methods.items():
-            bound, floor = r.get("lower_bound_s"), r.get("step_floor_s")
+            bound, step = r.get("lower_bound_s"), r.get("step_bound_s")
             cells = {
                 "method": f" {method}",
                 "mean": _s(r["iter_time_s"]),
@@ -58,7 +57,7 @@ def bench_table(
                 "x DDP": _x(r.get("ratio_to_ddp")),
                 "bound": _s(bound),
                 "x bound": _x(r["iter_time_s"] / bound if bound else None),
-                "x floor": _x(r["iter_time_s"] / floor if floor else None),
+                "x step": _x(r["iter_time_s"] / step if step else None),
                 "MB/it": f"{r['max_link_bytes_per_iter'] / 1e6:.1f}",
             }
             t.add_row(*(cells[c] for c in cols))

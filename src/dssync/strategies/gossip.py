@@ -19,7 +19,7 @@ from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.averager import Router
-from dssync.comm.exchange import broadcast_tensors
+from dssync.comm.exchange import broadcast_tensors, swap_ops
 from dssync.comm.tags import ALL
 from dssync.errors import PeerLost
 from dssync.schedules.gossip import ring_peers
@@ -93,8 +93,7 @@ class DPSGD(Strategy):
         for peer, inbox in zip(self.peers, self._inbox, strict=True):
             dst = self._global(peer)
             for tag, (buf, recv) in enumerate(zip(self._buckets.buffers, inbox, strict=True)):
-                ops.append(dist.P2POp(dist.irecv, recv, dst, self.process_group, tag))
-                ops.append(dist.P2POp(dist.isend, buf, dst, self.process_group, tag))
+                ops += swap_ops(recv, buf, dst, self.process_group, tag)
         for work in dist.batch_isend_irecv(ops):
             try:
                 work.wait(self.timeout)

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.clock import clock
-from dssync.comm.exchange import wait
+from dssync.comm.exchange import swap_ops, wait
 from dssync.comm.tags import PROBE, Tag
 from dssync.topology.model import Topology
 
@@ -123,11 +123,10 @@ def _swap(
     """Send ``out`` to global rank ``peer`` while receiving ``into`` from it, in one batch.
 
     One ``batch_isend_irecv`` posts both (separate isend and irecv calls may deadlock on nccl,
-    where each opens its own group call), the receive first (see :mod:`dssync.comm.exchange`:
-    on gloo a send posted first can hold back the peer's); each wait is bounded by ``timeout_s`` and a peer that
-    never answers raises :class:`~dssync.errors.PeerLost`.
+    where each opens its own group call), the receive first (:func:`swap_ops`); each wait is
+    bounded by ``timeout_s`` and a peer that never answers raises :class:`~dssync.errors.PeerLost`.
     """
-    ops = [dist.P2POp(dist.irecv, into, peer, pg), dist.P2POp(dist.isend, out, peer, pg)]
+    ops = swap_ops(into, out, peer, pg)
     deadline = time.monotonic() + timeout_s
     tag = Tag(PROBE, 0, out.numel())
     for w in dist.batch_isend_irecv(ops):
