@@ -192,24 +192,6 @@ class Router:
             self.arrived = self.exchange.arrived
         unpack(flats)
 
-    def fence(self) -> None:
-        """On gloo, hold this rank in a barrier on the parent group (bounded by ``timeout_s``).
-
-        Call it after the last averaging before the process may exit. A gloo worker thread drops
-        its reference to an averaged tensor just after the collective completes, and needs the
-        GIL to do so; if the interpreter is finalizing by then, the thread is stopped inside C++
-        and the process aborts ("terminate called without an active exception"; seen about once
-        in five runs of the README's Accelerate example, whose DDP wrapper keeps the group
-        alive past ``destroy_process_group``). In the barrier this rank waits with the GIL
-        released, so the worker finishes first. Nothing to do on other backends.
-        """
-        if dist.get_backend(self.parent) != dist.Backend.GLOO:
-            return
-        work = dist.barrier(group=self.parent, async_op=True)
-        members = list(range(self.size))
-        deadline = time.monotonic() + self.timeout_s
-        wait(work, deadline, Tag(ALL, -1, 0), members, self.timeout_s, roll=self.roll)
-
 
 class GroupAverager(ModelAverager):
     """A torch model averager that averages inside each step's group of a DS-Sync schedule.

@@ -178,14 +178,9 @@ class DSSync(Strategy, Joinable):
 
     @torch.no_grad()
     def average_all(self) -> None:
-        """One global average over all ranks (e.g. for the final model); tagged apart from steps.
-
-        Ends with :meth:`Router.fence`, so the process may exit right after it.
-        """
+        """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
         with SyncTimer(self):
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
-            if self.world_size > 1:
-                self.router.fence()
 
     def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
         """Average buckets and optimizer state (``part`` of them) with ``group``."""
