@@ -1,0 +1,72 @@
+"""Run the README's Accelerate example again and again; count the runs that abort at exit.
+
+Writes the README's ``train_accelerate.py`` block to a temporary folder and starts it with
+``python -m torch.distributed.run --nproc-per-node 2`` ``--runs`` times, each on a fresh port,
+with ``--src`` (default: this checkout's ``src``) on ``PYTHONPATH``. A run counts as an abort
+when a rank printed "terminate called without an active exception"; any other failure is
+printed and counted apart. ``--load N`` keeps N busy processes spinning meanwhile: on an idle
+machine the abort is rare, and it showed under load (CI, other tests running).
+Usage: ``.venv/bin/python tools/exit_aborts.py --runs 24 --load 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ABORT = "terminate called without an active exception"
+
+
+def example() -> str:
+    for block in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        if block.startswith("# train_accelerate.py:"):
+            return block
+    raise SystemExit("README.md has no '# train_accelerate.py:' example")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=24)
+    parser.add_argument("--src", default=str(ROOT / "src"), help="dssync source to import")
+    parser.add_argument("--load", type=int, default=0, help="busy processes alongside")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    from dssync.launch import free_port, run_contained
+
+    env = {**os.environ, "PYTHONPATH": args.src}
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    try:
+        aborts, failures = runs(args.runs, env, free_port, run_contained)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    print(
+        f"{args.runs} runs, {args.load} busy: {aborts} aborted at exit, {failures} failed otherwise"
+    )
+
+
+def runs(count: int, env: dict[str, str], free_port, run_contained) -> tuple[int, int]:
+    aborts = failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "train_accelerate.py").write_text(example())
+        for i in range(count):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--master-port",
+                   str(free_port()), "--nproc-per-node", "2", "train_accelerate.py"]  # fmt: skip
+            done = run_contained(cmd, 120, env=env, cwd=tmp)
+            if ABORT in done.stderr:
+                aborts += 1
+            elif done.returncode != 0:
+                failures += 1
+                print(f"run {i + 1} failed otherwise:\n{done.stderr[-2000:]}", flush=True)
+    return aborts, failures
+
+
+if __name__ == "__main__":
+    main()
