@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from dssync.launch import WorkerError, spawn
@@ -50,3 +51,26 @@ def test_timeout_kills_every_rank(tmp_path):
         pid = int(f.read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_workers_on_one_machine_share_its_cores_and_get_at_least_one_thread():
+    from dssync.cluster.names import ClusterNames
+    from dssync.cluster.spec import ClusterSpec
+    from dssync.cluster.torchrun import host_env
+    from dssync.launch import core_share
+
+    assert core_share(8, cores=2) == 1 and core_share(2, cores=16) == 8
+    assert core_share(3, cores=16) == 5 and core_share(0, cores=4) == 4
+    spec = ClusterSpec("t", racks=2, hosts_per_rack=2, workers_per_host=2, host_rate_mbit=1000)
+    env = host_env(ClusterNames(spec, "dss01"), 1)
+    assert env["OMP_NUM_THREADS"] == str(core_share(spec.world_size))
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def test_spawned_workers_compute_with_their_share_of_the_cores():
+    from dssync.launch import core_share
+
+    assert spawn(_threads, 2, timeout_s=60) == [core_share(2)] * 2

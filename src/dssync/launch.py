@@ -29,6 +29,19 @@ from dssync.errors import UsageError
 DEFAULT_TIMEOUT_S = 120.0
 
 
+def core_share(workers: int, cores: int | None = None) -> int:
+    """Intra-op threads for each of ``workers`` processes that share this machine's cores.
+
+    The one rule every worker dssync starts on one machine follows (local processes here, every
+    host of an emulated cluster): its share of the cores, at least one. Torch's default (every
+    core in every process) makes N workers on C cores run N*C compute threads that fight for C
+    cores, and the compute time, not the network, then sets the pace. Workers torchrun starts on
+    real machines are left as the user set them.
+    """
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
 class WorkerError(RuntimeError):
     """A worker failed: ``rank`` is the first rank that failed, ``detail`` its traceback or exit code.
 
@@ -267,7 +280,7 @@ def _worker(
 ) -> None:
     os.environ.update(env)
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-    torch.set_num_threads(1)
+    torch.set_num_threads(core_share(int(env["WORLD_SIZE"])))
     try:
         init_from_env(backend=backend, timeout_s=timeout_s)
         value = fn(*args)

@@ -215,6 +215,21 @@ def _dssync_async(
     return AsyncDSSync(module, seed=cfg.seed, timeout_s=cfg.timeout_s)
 
 
+def _auto(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    """What the planner picks from the probed topology and the model's size alone; the training
+    loop resolves ``auto`` before this with the compute time it measured (dssync.train.auto)."""
+    from dssync.plan.auto import choose
+    from dssync.topology import detect
+
+    if topology is None or not topology.host_mbit:
+        topology = detect(probe=True, timeout_s=cfg.timeout_s)
+    params = sum(p.numel() for p in module.parameters())
+    chosen = choose(topology, params, compute_s=0.0, repeat=cfg.replan_every).method
+    return get_method(chosen).build(configure(replace(cfg, sync=chosen)), module, opt, topology)
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 
@@ -280,6 +295,12 @@ _TABLE = [
         "dssync-async",
         "wait-avoiding DS-Sync: active/passive pairs, passives answer from a thread",
         _dssync_async,
+    ),
+    Method(
+        "auto",
+        "the method the planner predicts fastest here, from a link probe and the measured compute",
+        _auto,
+        needs=_TOPO_RATES,
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),

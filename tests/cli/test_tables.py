@@ -17,7 +17,7 @@ from dssync.methods import method_names
 from dssync.plan.clusters import cluster_for
 from dssync.plan.tables import make_plan, plan_table, scale_table
 from dssync.plan.validate import validate_table
-from dssync.report.summary import summary_table
+from dssync.report.summary import summarize, summary_table
 
 LONGEST = max(method_names(), key=len)  # the widest method column a table can get
 
@@ -61,21 +61,25 @@ def test_train_summary_fits_any_number_of_workers(workers):
 
 
 def test_compare_summary_fits_with_the_longest_method_name():
-    m = {
-        "metric_name": "accuracy",
-        "final_metric": 0.97,
-        "final_metric_std": 0.004,
-        "swa_metric": 0.975,
-        "time_to_target_s": 1234.5,
-        "iterations_per_s": 1119.0,
-        "sync_time_s": 0.12219,
-        "consensus_distance": 8.6e-5,
-    }
-    summary = {
-        "target": 0.884,
-        "target_source": "mean final metric of bsp",
-        "methods": {LONGEST: m, "bsp": {**m, "time_to_target_s": None, "swa_metric": None}},
-    }
+    def run(seed: int, scale: float) -> dict:
+        evals = [
+            {"step": 10 * i, "time_s": 123.4 * scale * i, "accuracy": 0.3 * i} for i in (1, 2, 3)
+        ]
+        return {
+            "config": {"seed": seed},
+            "metric_name": "accuracy",
+            "higher_is_better": True,
+            "final_metric": 0.97,
+            "evals": evals,
+            "steps": 30,
+            "train_time_s": 1234.5,
+            "iter_time_s": 0.12219,
+            "sync_time_s": 0.1,
+            "consensus_distance": 8.6e-5,
+        }
+
+    runs = {LONGEST: [run(s, 1.0 + s) for s in range(5)], "bsp": [run(0, 9.0)]}
+    summary = summarize(runs, 0.884, source="mnist's declared target")
     _fits(summary_table(summary))
     assert LONGEST in "\n".join(_render(summary_table(summary), 80))
 

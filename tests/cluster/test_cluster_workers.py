@@ -91,6 +91,7 @@ def test_torchrun_places_ranks_and_detection_agrees_with_the_spec(tmp_path):
 def test_two_hosts_train_and_end_with_identical_parameters():
     # mnist: an MLP without BatchNorm, so DDP leaves every buffer and parameter equal.
     from dssync.experiments.runners import ClusterRunner
+    from dssync.launch import core_share
     from dssync.train.config import TrainConfig
 
     cfg = TrainConfig(
@@ -99,6 +100,8 @@ def test_two_hosts_train_and_end_with_identical_parameters():
     with Cluster(parse_cluster(SPEC, "train (test)")) as cluster:
         summary = ClusterRunner(cluster, timeout_s=170).run(cfg)
     assert summary["world_size"] == 4 and summary["steps"] == 6
+    # Every worker on the cluster computes with its share of the machine's cores, no more.
+    assert summary["rank_threads"] == [core_share(4)] * 4
     digests = summary["worker_model_sha256"]
     assert len(digests) == 4 and len(set(digests)) == 1
     assert_gone(cluster.prefix)

@@ -91,9 +91,10 @@ def test_compare_writes_a_report_folder(tmp_path):
         m = summary["methods"][method]
         assert {
             "final_metric",
-            "final_metric_std",
+            "final_metric_range",
             "metric_name",
-            "time_to_target_s",
+            "time_to_target",
+            "seeds_reaching_target",
             "swa_metric",
         } <= set(m)
         assert m["metric_name"] == "accuracy" and 0.5 < m["final_metric"] <= 1

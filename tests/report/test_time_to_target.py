@@ -1,14 +1,20 @@
-"""time_to_target: the training seconds of the first evaluation that reached the target."""
+"""Time to train: the first evaluation at a fixed target, its spread over seeds, the verdicts."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from dssync.report import time_to_target
+from dssync.report.files import band, write_markdown
+from dssync.report.summary import compare_pair, reach, summarize, summary_table
 
 EVALS = [
-    {"time_s": 1.0, "accuracy": 0.5, "loss": 2.0},
-    {"time_s": 2.5, "accuracy": 0.8, "loss": 0.9},
-    {"time_s": 4.0, "accuracy": 0.7, "loss": 1.1},
-    {"time_s": 6.0, "accuracy": 0.9, "loss": 0.4},
+    {"step": 10, "time_s": 1.0, "accuracy": 0.5, "loss": 2.0},
+    {"step": 20, "time_s": 2.5, "accuracy": 0.8, "loss": 0.9},
+    {"step": 30, "time_s": 4.0, "accuracy": 0.7, "loss": 1.1},
+    {"step": 40, "time_s": 6.0, "accuracy": 0.9, "loss": 0.4},
 ]
 
 
@@ -18,6 +24,7 @@ def test_first_evaluation_at_or_past_the_target_counts():
         time_to_target(EVALS, "accuracy", 0.85, higher_is_better=True) == 6.0
     )  # the dip at 4 s does not
     assert time_to_target(EVALS, "accuracy", 0.95, higher_is_better=True) is None
+    assert reach(EVALS, "accuracy", 0.85, True) == {"time_s": 6.0, "step": 40}
 
 
 def test_lower_is_better_metrics_count_from_above():
@@ -26,6 +33,100 @@ def test_lower_is_better_metrics_count_from_above():
 
 
 def test_evaluations_without_the_metric_are_skipped():
-    evals = [{"time_s": 1.0}, {"time_s": 2.0, "auc": 0.7}]
+    evals = [{"step": 1, "time_s": 1.0}, {"step": 2, "time_s": 2.0, "auc": 0.7}]
     assert time_to_target(evals, "auc", 0.6, higher_is_better=True) == 2.0
     assert time_to_target([], "auc", 0.6, higher_is_better=True) is None
+
+
+def _run(seed: int, times: list[float], accs: list[float], final: float | None = None) -> dict:
+    evals = [
+        {"step": 10 * (i + 1), "time_s": t, "accuracy": a}
+        for i, (t, a) in enumerate(zip(times, accs, strict=True))
+    ]
+    return {
+        "config": {"seed": seed},
+        "metric_name": "accuracy",
+        "higher_is_better": True,
+        "final_metric": accs[-1] if final is None else final,
+        "evals": evals,
+        "steps": 10 * len(times),
+        "train_time_s": times[-1],
+        "iter_time_s": times[-1] / (10 * len(times)),
+        "compute_time_s": 0.01,
+        "sync_time_s": 0.02,
+        "consensus_distance": 0.0,
+        "rank_threads": [1, 1],
+    }
+
+
+def _method(scale: float, reached: int = 3) -> list[dict]:
+    """Three seeds whose curves reach 0.9 at 3, 4 and 5 units of time times ``scale``; seeds
+    from ``reached`` on stop at 0.85."""
+    runs = []
+    for seed, k in enumerate((3, 4, 5)):
+        accs = [0.5 + 0.4 * min(1.0, (i + 1) / k) for i in range(6)]
+        if seed >= reached:
+            accs = [min(a, 0.85) for a in accs]
+        runs.append(_run(seed, [scale * (i + 1) for i in range(6)], accs))
+    return runs
+
+
+def test_the_summary_gives_median_and_range_of_time_and_steps_and_reaching_seeds():
+    s = summarize({"bsp": _method(1.0), "dssync": _method(0.2, reached=2)}, 0.9, "bsp")
+    bsp, ds = s["methods"]["bsp"], s["methods"]["dssync"]
+    assert bsp["time_to_target"] == {"median": 4.0, "min": 3.0, "max": 5.0}
+    assert bsp["steps_to_target_spread"] == {"median": 40, "min": 30, "max": 50}
+    assert bsp["seeds_reaching_target"] == 3 and ds["seeds_reaching_target"] == 2
+    assert ds["times_to_target_s"][2] is None
+    assert ds["time_to_target"]["median"] == pytest.approx(0.7)
+    assert bsp["final_metric_range"] == [0.9, 0.9] and bsp["threads"] == [1]
+
+
+def test_ranges_that_overlap_are_not_a_difference_and_a_missed_seed_is_infinitely_slow():
+    fast, slow = summarize({"a": _method(0.2), "b": _method(1.0)}, 0.9)["methods"].values()
+    assert compare_pair(fast, slow) == "faster" and compare_pair(slow, fast) == "slower"
+    near = summarize({"c": _method(0.9)}, 0.9)["methods"]["c"]
+    assert compare_pair(near, slow) == "within the spread"
+    missed = summarize({"d": _method(0.2, reached=2)}, 0.9)["methods"]["d"]
+    assert compare_pair(missed, slow) == "within the spread"  # its third seed never got there
+    assert compare_pair(slow, missed) == "within the spread"
+
+
+def test_verdicts_name_the_ratio_and_whether_it_is_beyond_the_spread():
+    s = summarize({"bsp": _method(1.0), "dssync": _method(0.2), "fp16": _method(0.9)}, 0.9)
+    lines = s["verdicts"]
+    assert lines[0].startswith("bsp: 4.0 s")
+    assert (
+        lines[1]
+        == "dssync: 0.20x bsp's median time to the target, faster than bsp beyond the spread of the seeds"
+    )
+    assert "within the spread of bsp's seeds" in lines[2]
+    assert lines[-1] == "fastest: dssync, beyond the spread of every other method"
+
+
+def test_a_workload_without_a_target_reports_no_time_and_no_verdicts():
+    s = summarize({"bsp": _method(1.0)}, None)
+    assert s["methods"]["bsp"]["time_to_target"] is None and s["verdicts"] == []
+    assert "pass --target" in s["target_source"]
+    summary_table(s)  # renders without a target
+
+
+def test_the_band_is_the_median_and_range_of_the_seeds_where_all_have_data():
+    runs = [_run(0, [1.0, 2.0, 3.0], [0.2, 0.4, 0.6]), _run(1, [1.5, 2.5, 4.0], [0.3, 0.5, 0.9])]
+    xs, med, lo, hi = band(runs, "accuracy", "time_s")
+    assert xs == [1.5, 2.0, 2.5, 3.0]  # from where both started to where the first ended
+    assert lo[0] == pytest.approx(0.3) and hi[0] == pytest.approx(0.3)  # 0.3 both (interpolated)
+    assert med[-1] == pytest.approx((0.6 + (0.5 + 0.4 * 0.5 / 1.5)) / 2)
+    assert all(a <= m <= b for a, m, b in zip(lo, med, hi, strict=True))
+    assert band([], "accuracy", "time_s") == ([], [], [], [])
+
+
+def test_the_markdown_report_carries_ranges_ratios_and_verdicts(tmp_path):
+    s = summarize({"bsp": _method(1.0), "dssync": _method(0.2, reached=2)}, 0.9, source="declared")
+    meta = {"workload": "mnist", "workers": 8, "seeds": [0, 1, 2], "epochs": 4, "where": "here"}
+    write_markdown(tmp_path / "s.md", s, meta)
+    text = (tmp_path / "s.md").read_text()
+    assert "| bsp | 3/3 | 4.0 (3.0-5.0) | 40 (30-50) | 1.00 |" in text
+    assert "| dssync | 2/3 | 0.7 (0.6-0.8) |" in text
+    assert "(1 of 3 seeds never reached it)" in text
+    assert not math.isnan(s["methods"]["dssync"]["time_to_target"]["median"])

@@ -177,7 +177,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    torch.set_num_threads(1)
     init_from_env(backend="gloo", timeout_s=a.timeout)
     try:
         cfg = TrainConfig(

@@ -15,6 +15,7 @@ from dssync.methods import DEFAULT_METHODS, get_method, help_text, parse_methods
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
 from dssync.report.summary import summarize, summary_table
 from dssync.train import TrainConfig
+from dssync.train.data import planned_steps, workload
 from dssync.train.validate import validate
 
 
@@ -24,6 +25,9 @@ def _methods(ctx, param, value: str) -> list[str]:
 
 # compare reports the SWA ensemble of every run; without --swa-start it averages the last quarter.
 SWA_START = 0.75
+# Without --eval-every, each run evaluates its averaged model this many times, evenly: the
+# resolution of the time to target (evaluations are not counted as training time).
+EVAL_POINTS = 20
 
 
 @click.command()
@@ -42,7 +46,8 @@ SWA_START = 0.75
     "--target",
     type=float,
     default=None,
-    help="Metric value for time-to-target (default: BSP's mean final metric).",
+    help="Quality every method must reach; time to it is the race (default: the workload's "
+    "declared target).",
 )
 @click.option(
     "--cluster",
@@ -83,6 +88,12 @@ def compare_cmd(
     base = cfg if cfg.swa_start is not None else replace(cfg, swa_start=SWA_START)
     for m in methods:
         validate(replace(base, sync=m), workers)
+    source = "--target"
+    if target is None:
+        target = workload(cfg).quality_target()
+        source = f"{cfg.workload}'s declared target"
+    if target is None:
+        console.print(f"{cfg.workload} declares no target: no time to target (pass --target)")
     if cfg.swa_start is None:
         console.print(
             f"SWA on by default: weights averaged over each run's last {1 - SWA_START:.0%} "
@@ -92,23 +103,30 @@ def compare_cmd(
     out.mkdir(parents=True, exist_ok=True)
 
     def done(method: str, seed: int, s: dict) -> None:
+        if "auto" in s:
+            console.print(f"  {method:<13} seed {seed}: {s['auto']['reason']}")
         console.print(
             f"  {method:<13} seed {seed}: {s['metric_name']} {s['final_metric']:.4f}, "
             f"{s['steps'] / max(s['train_time_s'], 1e-9):.1f} it/s, sync {s['sync_time_s'] * 1000:.2f} ms/it"
         )
 
     with runner_for(cluster, workers) as runner:
+        if base.eval_every == 0:
+            total = planned_steps(base, runner.workers)
+            base = replace(base, eval_every=max(1, round(total / EVAL_POINTS)))
+            console.print(f"  evaluating every {base.eval_every} of {total} steps (--eval-every)")
         console.print(f"comparing {', '.join(methods)} on {cfg.workload}, {seeds} seed(s)")
         console.print(f"  on {runner.where}")
         runs = compare(base, methods, list(range(seeds)), runner, on_run=done)
     bsp = next((m for m in methods if get_method(m).name == "bsp"), "bsp")  # "ddp" too
-    summary = summarize(runs, target, reference=bsp)
+    summary = summarize(runs, target, reference=bsp, source=source)
     meta = {
         "workload": cfg.workload,
         "workers": runner.workers,
         "seeds": list(range(seeds)),
         "epochs": cfg.epochs,
         "where": runner.where,
+        "eval_every": base.eval_every,
     }
     write_csv(out / "steps.csv", runs)
     write_evals_csv(out / "evals.csv", runs)
@@ -119,10 +137,13 @@ def compare_cmd(
         runs,
         metric,
         f"{cfg.workload}: {metric} of the averaged model",
+        target,
     )
     write_markdown(out / "summary.md", summary, meta)
     write_json(out / "summary.json", {**summary, "meta": meta})
     if json_path:
         write_json(json_path, {**summary, "meta": meta})
     console.print(summary_table(summary))
+    for line in summary["verdicts"]:
+        console.print(f"  {line}")
     console.print(f"report written to {out}/summary.md")

@@ -8,7 +8,9 @@ Every host namespace runs the multi-node command a user runs on each real machin
 What a real machine has and a namespace lacks, the host's launcher line provides, as a cluster's
 own launcher would: a host name of its own (a UTS namespace named like the host namespace, which
 every namespace resolves through ``/etc/netns/<ns>/hosts``), ``GLOO_SOCKET_IFNAME`` (its one
-interface) and ``DSSYNC_RACK`` (the rack, which no machine can see for itself).
+interface) and ``DSSYNC_RACK`` (the rack, which no machine can see for itself). Every host also
+shares one machine's cores, so each worker gets its share (``OMP_NUM_THREADS``, from
+:func:`dssync.launch.core_share`): this is the one place a worker on the cluster gets its threads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 
 from dssync.cluster.names import ClusterNames
 from dssync.cluster.shell import sh
+from dssync.launch import core_share
 
 # Variables torchrun sets for each worker; one inherited from a parent launcher must not leak.
 LAUNCHER_VARS = (
@@ -90,6 +93,7 @@ def host_env(cluster: ClusterNames, host: int) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": cluster.host_ifname(host),
         "DSSYNC_RACK": str(cluster.spec.rack_of_host(host)),
         "DSSYNC_CLUSTER": cluster.prefix,
+        "OMP_NUM_THREADS": str(core_share(cluster.spec.world_size)),
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -146,9 +146,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     if s.probe:
         argv.append("--probe")
     before, lost_before = cluster.link_bytes(), cluster.losses()
-    agents = cluster.launch(
-        argv, env={"OMP_NUM_THREADS": "1"}, log_dir=work / "logs", join_timeout_s=s.timeout_s
-    )
+    agents = cluster.launch(argv, log_dir=work / "logs", join_timeout_s=s.timeout_s)
     events = (
         _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
     )

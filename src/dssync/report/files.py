@@ -34,43 +34,69 @@ def write_evals_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
         w.writerows(rows)
 
 
+def band(
+    runs: list[dict[str, Any]], metric: str, xkey: str
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(x, median, low, high) of one method's seeds: each seed's curve interpolated linearly on
+    the union of their evaluation points, kept where every seed has started and not ended."""
+    import numpy as np
+
+    curves = []
+    for r in runs:
+        pts = [(e[xkey], e[metric]) for e in r["evals"] if metric in e]
+        if pts:
+            curves.append((np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
+    if not curves:
+        return [], [], [], []
+    lo_x = max(xs[0] for xs, _ in curves)
+    hi_x = min(xs[-1] for xs, _ in curves)
+    grid = np.unique(np.concatenate([xs for xs, _ in curves]))
+    grid = grid[(grid >= lo_x) & (grid <= hi_x)]
+    if grid.size == 0:
+        return [], [], [], []
+    ys = np.stack([np.interp(grid, xs, vs) for xs, vs in curves])
+    return (
+        grid.tolist(),
+        np.median(ys, axis=0).tolist(),
+        ys.min(axis=0).tolist(),
+        ys.max(axis=0).tolist(),
+    )
+
+
 def plot_metric(
     path_time: Path,
     path_steps: Path,
     runs: dict[str, list[dict[str, Any]]],
     metric: str,
     title: str,
+    target: float | None = None,
 ) -> None:
-    """The averaged model's metric against training wall-clock time and against iterations."""
+    """The averaged model's metric against training time (slowest rank) and against iterations:
+    each method's median over its seeds as a line, their range as a band, the target dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     for path, xkey, xlabel in (
-        (path_time, "time_s", "training time (s)"),
+        (path_time, "time_s", "training time of the slowest rank (s)"),
         (path_steps, "step", "iteration"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, (method, rs) in enumerate(runs.items()):
-            color = f"C{i}"
-            for j, r in enumerate(rs):
-                xs = [e[xkey] for e in r["evals"] if metric in e]
-                ys = [e[metric] for e in r["evals"] if metric in e]
-                ax.plot(
-                    xs,
-                    ys,
-                    color=color,
-                    marker="o",
-                    markersize=3,
-                    alpha=0.85,
-                    label=method if j == 0 else None,
-                )
+            xs, med, lo, hi = band(rs, metric, xkey)
+            n = len(rs)
+            label = f"{method} (median of {n} seeds)" if n > 1 else method
+            ax.plot(xs, med, color=f"C{i}", marker="o", markersize=2.5, label=label)
+            if n > 1:
+                ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.2, linewidth=0)
+        if target is not None:
+            ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(metric)
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -80,34 +106,48 @@ def _fmt(v: float | None, spec: str = ".4f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
+def _span(s: dict[str, float] | None, spec: str) -> str:
+    if s is None:
+        return "n/a"
+    return f"{format(s['median'], spec)} ({format(s['min'], spec)}-{format(s['max'], spec)})"
+
+
 def write_markdown(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> None:
-    """A summary table a person wants to read, with what was run."""
+    """The time-to-train table a person wants to read, with what was run and the verdicts."""
     methods = summary["methods"]
     any_m = next(iter(methods.values()))
     metric = any_m["metric_name"]
+    ref = summary.get("reference", "bsp")
     lines = [
         f"# {meta['workload']}: {', '.join(methods)} on {meta['workers']} workers",
         "",
-        f"Seeds {meta['seeds']}, {meta['epochs']} epochs, {meta['where']}. Metric: {metric} of the globally "
-        f"averaged model ({'higher' if any_m['higher_is_better'] else 'lower'} is better). "
-        f"Target for time-to-target: {_fmt(summary['target'])} ({summary['target_source']}).",
+        f"Seeds {meta['seeds']}, {meta['epochs']} epochs, {meta['where']}. Metric: {metric} of the "
+        f"globally averaged model ({'higher' if any_m['higher_is_better'] else 'lower'} is better). "
+        f"Target: {_fmt(summary['target'])} ({summary['target_source']}).",
         "",
-        f"| method | final {metric} (mean ± std) | SWA ensemble | time to target (s) | iterations/s "
-        "| sync per iteration (ms) | consensus distance |",
+        "Median (min-max) over the seeds that reached the target. Time is training time of the "
+        "slowest rank, evaluations excluded.",
+        "",
+        f"| method | seeds reaching | time to target (s) | steps to target | x {ref} "
+        f"| final {metric} | compute / iteration (ms) |",
         "|---|---|---|---|---|---|---|",
     ]
+    base = (methods.get(ref) or {}).get("time_to_target")
     for name, m in methods.items():
-        ttt = _fmt(m["time_to_target_s"], ".2f")
-        if m["time_to_target_s"] is not None and m["seeds_reaching_target"] < len(m["seeds"]):
-            ttt += f" ({m['seeds_reaching_target']}/{len(m['seeds'])} seeds)"
+        ttt = m["time_to_target"]
+        ratio = "n/a" if ttt is None or base is None else f"{ttt['median'] / base['median']:.2f}"
+        lo, hi = m["final_metric_range"]
         lines.append(
-            f"| {name} | {_fmt(m['final_metric'])} ± {_fmt(m['final_metric_std'])} | {_fmt(m['swa_metric'])} "
-            f"| {ttt} | {_fmt(m['iterations_per_s'], '.1f')} | {_fmt((m['sync_time_s'] or 0) * 1000, '.2f')} "
-            f"| {_fmt(m['consensus_distance'], '.2e')} |"
+            f"| {name} | {m['seeds_reaching_target']}/{len(m['seeds'])} | {_span(ttt, '.1f')} "
+            f"| {_span(m['steps_to_target_spread'], '.0f')} | {ratio} "
+            f"| {m['final_metric']:.4f} ({lo:.4f}-{hi:.4f}) "
+            f"| {m['compute_time_s'] * 1000:.0f} / {m['iter_time_s'] * 1000:.0f} |"
         )
+    lines += ["", *[f"- {v}" for v in summary.get("verdicts", [])]]
     lines += [
         "",
-        "Time is training wall-clock time (evaluation excluded), measured on rank 0.",
+        "Two methods differ beyond the spread when their ranges of time to target do not overlap "
+        "(a seed that never reached the target counts as infinitely slow).",
         "",
         f"![{metric} against time](metric_vs_time.png)",
         f"![{metric} against iterations](metric_vs_step.png)",

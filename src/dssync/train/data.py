@@ -59,6 +59,14 @@ class RankData:
         return step // self.steps_per_epoch
 
 
+def planned_steps(cfg: TrainConfig, world: int) -> int:
+    """How many steps a run of ``cfg`` on ``world`` ranks takes (loads the data set's size)."""
+    wl = workload(cfg)
+    train, _ = load_datasets(wl, cfg)
+    total = steps_per_epoch(len(train), world, cfg.batch_size or wl.batch_size) * cfg.epochs
+    return total if cfg.max_steps is None else min(cfg.max_steps, total)
+
+
 def workload(cfg: TrainConfig) -> Workload:
     """The workload ``cfg`` names, with ``cfg.lr`` as its rate when given."""
     try:

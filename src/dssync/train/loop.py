@@ -8,6 +8,7 @@ small named piece in this package (``data``, ``lr``, ``swa``, ``state``, ``summa
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 
 from dssync.errors import PeerLost, SyncError
 from dssync.strategies import Strategy
+from dssync.train.auto import Decision, resolve
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
 from dssync.train.device import Clock, resolve_device, to_device
@@ -46,7 +48,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     if device.type == "cuda":
         torch.cuda.set_device(device)
     data = RankData.load(cfg, rank, world)
-    strategy, optimizer = build(cfg, data, device, rank)
+    strategy, optimizer, decision = build(cfg, data, device, rank)
     total = data.total_steps()
     phase = SWAPhase.of(cfg, total)
     # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
@@ -76,19 +78,25 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         hook.after_step(rank, run.step)
     progress.close()
     run.loop_s += clock.now() - loop_start
-    return summarize(cfg, data, strategy, run, phase.average, device)
+    summary = summarize(cfg, data, strategy, run, phase.average, device)
+    return summary if decision is None else {**summary, "auto": decision.to_dict()}
 
 
 def build(
     cfg: TrainConfig, data: RankData, device: torch.device, rank: int
-) -> tuple[Strategy, torch.optim.Optimizer]:
-    """The model (seeded alike on every rank) on ``device``, its optimizer and the strategy."""
+) -> tuple[Strategy, torch.optim.Optimizer, Decision | None]:
+    """The model (seeded alike on every rank) on ``device``, its optimizer and the strategy;
+    with ``--sync auto``, also what was chosen and why (rank 0 prints the one line)."""
     torch.manual_seed(cfg.seed)
     module = data.wl.model().to(device)
     optimizer = data.wl.optimizer(module.parameters())
-    strategy = build_strategy(cfg, module, optimizer)
+    cfg, decision = resolve(cfg, data, module, device)
+    if decision is not None and rank == 0:
+        print(f"--sync auto: {decision.reason}", file=sys.stderr, flush=True)
+    topology = decision.topology if decision is not None else None
+    strategy = build_strategy(cfg, module, optimizer, topology)
     torch.manual_seed(cfg.seed * 1000 + rank)
-    return strategy, optimizer
+    return strategy, optimizer, decision
 
 
 class SWAPhase:

@@ -59,15 +59,27 @@ def evaluate(wl: Workload, module: nn.Module, data) -> dict[str, float]:
     return wl.evaluate(module, data)
 
 
+def slowest(seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (collective; metadata through the side group)."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=side_group())
+    return float(t.item())
+
+
 def eval_record(
     wl: Workload, module: nn.Module, test_set, step: int, epoch: int, t: float
 ) -> dict[str, Any]:
-    """Metrics of the globally averaged model at ``step``."""
+    """Metrics of the globally averaged model at ``step``.
+
+    ``time_s`` is the training time (evaluations excluded) of the slowest rank so far, the time
+    a job waits for; ``rank_time_s`` is this rank's own ``t``.
+    """
     metrics = evaluate(wl, averaged_copy(module), test_set)
     return {
         "step": step,
         "epoch": epoch,
-        "time_s": t,
+        "time_s": slowest(t),
+        "rank_time_s": t,
         **{
             k: float(v)
             for k, v in metrics.items()
@@ -114,6 +126,7 @@ def summarize(
             "train_s": run.train_s,
             "loop_s": run.loop_s,
             "digest": digest,
+            "threads": torch.get_num_threads(),
         },
         group=side_group(),
     )
@@ -143,9 +156,11 @@ def summarize(
         "rank_sync_time_s": [r["sync_s"] / steps_done for r in per_rank],
         "rank_train_time_s": [r["train_s"] for r in per_rank],
         "rank_loop_time_s": [r["loop_s"] for r in per_rank],
+        "rank_threads": [r["threads"] for r in per_rank],
         "compute_time_s": float(np.mean([r["compute_s"] / steps_done for r in per_rank])),
         "sync_time_s": float(np.mean([r["sync_s"] / steps_done for r in per_rank])),
-        "train_time_s": run.train_s,
+        "train_time_s": max(r["train_s"] for r in per_rank),  # the slowest rank's
+        "rank0_train_time_s": run.train_s,
         "log": run.log,
         "evals": run.evals,
     }

@@ -41,6 +41,10 @@ class Workload(ABC):
     batch_size: int = 32
     lr: float = 0.05
     lr_schedule: str = "constant"  # see dssync.train.lr
+    # The quality a run must reach, the finish line of `dssync compare`'s time to train (as
+    # MLPerf Training's targets): a value BSP reaches on every seed well before the end of the
+    # default run on 8 workers, so every method has room to reach it. None: not declared.
+    target: float | None = None
 
     def __init__(self, data_dir: str | None = None, **options: Any) -> None:
         self.data_dir = data_dir
@@ -61,6 +65,10 @@ class Workload(ABC):
     @abstractmethod
     def evaluate(self, model: nn.Module, data: Dataset) -> dict[str, float]:
         """Metrics on ``data``; must contain ``self.metric_name`` and ``"loss"``."""
+
+    def quality_target(self) -> float | None:
+        """The target for these options (a workload whose options change the model may vary it)."""
+        return self.target
 
     def optimizer(self, params) -> torch.optim.Optimizer:
         """The optimizer this workload trains with (SGD with momentum unless overridden)."""

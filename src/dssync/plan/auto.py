@@ -1,0 +1,123 @@
+"""``--sync auto``: the method the planner predicts fastest to the target on the cluster the job sees.
+
+From the detected topology with a short link probe's rates, the model's size and the compute
+time measured over the first steps, :func:`choose` runs the planner's cost model
+(:func:`dssync.plan.cost.predict`) for each method it models and picks the fastest iteration.
+The rule assumes the candidates need about as many steps to the target as BSP does (they all
+average every step; the time-to-train tables check it); overlap is taken only when it is
+predicted at most :data:`OVERLAP_GAIN` of the blocking plan, because it merges each average one
+step late.
+
+Example::
+
+    >>> from dssync.cluster import load_cluster
+    >>> c = choose(load_cluster("s2-inter-rack").topology(), params=1_600_000, compute_s=0.02)
+    >>> c.method
+    'dssync-topo'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dssync.cluster.spec import ClusterSpec
+from dssync.plan.cost import Prediction, predict
+from dssync.topology import Topology
+
+# The planner's names for the methods it models -> the method each one runs.
+CANDIDATES = {
+    "ddp": "bsp",
+    "hierarchical": "hierarchical",
+    "dssync": "dssync",
+    "dssync-topo": "dssync-topo",
+    "dssync-topo overlapped": "dssync-topo-overlap",
+}
+OVERLAP_GAIN = 0.8
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The method picked, the one line that says why, and every prediction it compared."""
+
+    method: str
+    reason: str
+    predictions: tuple[Prediction, ...]
+
+
+def canonical(topology: Topology) -> tuple[ClusterSpec, Topology] | None:
+    """A cluster spec of the same shape and rates as ``topology`` (ranks renumbered rack by rack,
+    host by host) and that spec's own topology; None when racks or hosts differ in size."""
+    hosts = sorted(set(topology.hosts), key=lambda h: (topology.racks[topology.hosts.index(h)], h))
+    racks = sorted(set(topology.racks))
+    per_host = {len(topology.ranks_on_host(h)) for h in hosts}
+    per_rack = {len({topology.hosts[r] for r in topology.ranks_in_rack(k)}) for k in racks}
+    if len(per_host) != 1 or len(per_rack) != 1:
+        return None
+    known = [topology.host_mbit[h] for h in hosts if h in topology.host_mbit]
+    base = max(known) if known else 1000.0
+    overrides = {
+        i: topology.host_mbit[h]
+        for i, h in enumerate(hosts)
+        if h in topology.host_mbit and topology.host_mbit[h] != base
+    }
+    spec = ClusterSpec(
+        "detected",
+        racks=len(racks),
+        hosts_per_rack=per_rack.pop(),
+        workers_per_host=per_host.pop(),
+        host_rate_mbit=base,
+        rack_uplink_mbit=topology.uplink_mbit if len(racks) > 1 else None,
+        host_overrides=overrides,
+    )
+    return spec, spec.topology()
+
+
+def choose(topology: Topology, params: int, compute_s: float, repeat: int = 8) -> Choice:
+    """The method predicted fastest for a model of ``params`` float32 parameters whose step
+    computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
+    1 Gbit/s hosts and an unshaped core)."""
+    shaped = canonical(topology)
+    if shaped is None:
+        return Choice(
+            "dssync-topo",
+            "hosts or racks differ in size, which the cost model does not cover; "
+            "topology-aware DS-Sync keeps groups inside racks whatever their size",
+            (),
+        )
+    spec, known = shaped
+    preds = tuple(
+        p for p in predict(spec, params, compute_s, repeat, known=known) if p.method in CANDIDATES
+    )
+    by = {p.method: p for p in preds}
+    blocking = min((p for p in preds if "overlapped" not in p.method), key=lambda p: p.iter_s)
+    best = blocking
+    over = by.get("dssync-topo overlapped")
+    if over is not None and over.iter_s <= OVERLAP_GAIN * blocking.iter_s:
+        best = over
+    ddp = by["ddp"]
+    reason = (
+        f"{CANDIDATES[best.method]}: predicted {_ms(best.iter_s)} per iteration "
+        f"({_ms(best.sync_s)} of averaging{' behind the compute' if best is over else ''}) "
+        f"against BSP's {_ms(ddp.iter_s)}, for {_count(params)} parameters, "
+        f"{_ms(compute_s)} of compute, {_links(topology)}"
+    )
+    return Choice(CANDIDATES[best.method], reason, preds)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 0.01 else f"{seconds * 1000:.0f} ms"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def _links(t: Topology) -> str:
+    rates = sorted(set(t.host_mbit.values()))
+    hosts = (
+        "hosts at " + "/".join(f"{r:.0f}" for r in rates) + " Mbit/s"
+        if rates
+        else "host rates unknown"
+    )
+    up = f", {t.num_racks} racks joined at {t.uplink_mbit:.0f} Mbit/s" if t.uplink_mbit else ""
+    return f"{t.num_hosts} hosts, {hosts}{up}"

@@ -1,0 +1,78 @@
+"""``--sync auto`` in a training run: measure, probe, let the planner pick, say why.
+
+Every rank times a few forward and backward passes of a copy of its model on one of its own
+batches (the first is a warm-up; the slowest rank's median counts), the ranks detect their
+topology with a short link probe, and :func:`dssync.plan.auto.choose` picks the method. Every
+rank computes the same choice from the same shared figures, so no further agreement is needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dssync.comm.clock import clock
+from dssync.comm.side import side_group
+from dssync.topology import Topology, detect
+from dssync.train.config import TrainConfig
+from dssync.train.data import RankData
+from dssync.train.device import to_device
+
+AUTO = "auto"
+TIMED_PASSES = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``--sync auto`` chose (a method name), why (one line), and what it saw."""
+
+    method: str
+    reason: str
+    compute_s: float
+    topology: Topology
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "reason": self.reason, "compute_s": self.compute_s}
+
+
+def compute_time(data: RankData, module: nn.Module, device: torch.device) -> float:
+    """Seconds of one forward and backward pass, the slowest rank's median (collective)."""
+    trial = copy.deepcopy(module)
+    batch = to_device(next(iter(DataLoader(data.local, batch_size=data.batch_size))), device)
+    times = []
+    for _ in range(TIMED_PASSES + 1):
+        t0 = clock(device)
+        data.wl.loss(trial, batch).backward()
+        times.append(clock(device) - t0)
+    t = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=side_group())
+    return float(t.item())
+
+
+def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:
+    """The method ``--sync auto`` runs for ``cfg`` here (all ranks call this alike)."""
+    from dssync.plan.auto import choose
+
+    compute_s = compute_time(data, module, device)
+    dtype = next(module.parameters()).dtype
+    topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
+    floats = [b for b in module.buffers() if b.is_floating_point()]
+    params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
+    choice = choose(topo, params, compute_s, repeat=cfg.replan_every)
+    return Decision(choice.method, choice.reason, compute_s, topo)
+
+
+def resolve(
+    cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device
+) -> tuple[TrainConfig, Decision | None]:
+    """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is)."""
+    if cfg.sync != AUTO:
+        return cfg, None
+    decision = decide(cfg, data, module, device)
+    return replace(cfg, sync=decision.method), decision

@@ -1,0 +1,19 @@
+"""--sync auto in a run: every rank measures, probes and runs the same chosen method."""
+
+from __future__ import annotations
+
+import pytest
+
+from dssync.methods import get_method
+from dssync.train import TrainConfig, run_training
+
+
+@pytest.mark.slow
+def test_auto_runs_the_method_it_chose_and_says_why():
+    cfg = TrainConfig(workload="digits", sync="auto", epochs=1, max_steps=6, progress=False)
+    s = run_training(cfg, workers=2)
+    chosen = s["auto"]["method"]
+    assert get_method(chosen).name == chosen and chosen != "auto"
+    assert s["auto"]["reason"].startswith(f"{chosen}: predicted")
+    assert s["auto"]["compute_s"] > 0 and s["steps"] == 6
+    assert len(set(s["worker_model_sha256"])) == 1 or chosen != "bsp"
