@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from dssync.cli.options import training_options
-from dssync.cli.output import console, write_json
+from dssync.cli.output import console, provenance, write_json
 from dssync.experiments.compare import compare
 from dssync.experiments.runners import runner_for
 from dssync.methods import DEFAULT_METHODS, get_method, help_text, parse_methods
@@ -127,6 +127,7 @@ def compare_cmd(
         "epochs": cfg.epochs,
         "where": runner.where,
         "eval_every": base.eval_every,
+        **provenance(),
     }
     write_csv(out / "steps.csv", runs)
     write_evals_csv(out / "evals.csv", runs)

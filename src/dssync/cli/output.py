@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -10,10 +15,33 @@ from rich.table import Table
 from dssync.report.tables import compact_table
 from dssync.train.summary import write_json
 
-__all__ = ["console", "fmt_ms", "public_summary", "training_table", "write_json"]
+__all__ = ["console", "fmt_ms", "provenance", "public_summary", "training_table", "write_json"]
 
 # The terminal's width; 80 columns when piped or captured (every table fits: report.tables).
 console = Console()
+
+
+def provenance() -> dict[str, str | None]:
+    """What a result file records of how it was made: the command, the date, dssync's commit
+    (None outside a git checkout) and version."""
+    from dssync import __version__
+
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "command": shlex.join(["dssync", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit or None,
+        "version": __version__,
+    }
 
 
 def fmt_ms(seconds: float) -> str:

@@ -103,6 +103,8 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
         "consensus_distance": _mean([r["consensus_distance"] for r in runs]),
         "train_time_s": _mean([r["train_time_s"] for r in runs]),
         "threads": sorted({t for r in runs for t in r.get("rank_threads") or []}),
+        # What --sync auto chose on each seed (empty for other methods).
+        "auto": [r["auto"]["method"] for r in runs if "auto" in r],
     }
 
 

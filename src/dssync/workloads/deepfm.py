@@ -78,6 +78,8 @@ class DeepFMWorkload(Workload):
 
     name = "deepfm"
     metric_name = "auc"
+    # BSP on 8 workers, 3 seeds: every seed at 0.984 by step 40 of the default 70.
+    target = 0.984
     higher_is_better = True
     epochs = 10
     batch_size = 8

@@ -60,6 +60,8 @@ class Digits(_Classifier):
     batch_size = 16
     lr = 0.05
     hidden = 64
+    # BSP on 8 workers, 3 seeds: every seed at 0.92 by step 20 of the default 33.
+    target = 0.92
 
     def _arrays(self):
         from sklearn.datasets import load_digits
