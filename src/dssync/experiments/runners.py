@@ -6,12 +6,15 @@ import contextlib
 import json
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dssync.train.config import TrainConfig
+from dssync.train.data import planned_steps
 from dssync.train.run import run_training
 
 if TYPE_CHECKING:
@@ -62,13 +65,74 @@ class ClusterRunner(Runner):
             cfg_path, out_path = Path(tmp) / "config.json", Path(tmp) / "summary.json"
             cfg_path.write_text(json.dumps(asdict(cfg)))
             argv = [sys.executable, "-m", "dssync.train.worker", str(cfg_path), str(out_path)]
-            result = self.cluster.run(argv, timeout_s=self.timeout_s, log_dir=Path(tmp))
+            spec = self.cluster.spec
+            events = None
+            if spec.events:
+                argv.append(str(Path(tmp) / "progress.json"))
+                total = planned_steps(cfg, spec.world_size)
+                events = StepEvents(self.cluster, Path(argv[-1]), total).start()
+            try:
+                result = self.cluster.run(argv, timeout_s=self.timeout_s, log_dir=Path(tmp))
+            finally:
+                if events is not None:
+                    events.stop()
             if not result.ok:
                 host = result.failed_host if result.failed_host is not None else 0
                 log = Path(tmp) / f"host{host}.log"
                 tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
                 raise RuntimeError(f"{cfg.sync} seed {cfg.seed}: {result.summary()}\n{tail}")
-            return json.loads(out_path.read_text())
+            summary = json.loads(out_path.read_text())
+            if events is not None:
+                summary["link_events"] = events.applied
+            return summary
+
+
+class StepEvents:
+    """Applies a cluster spec's events at fractions of a training run's steps (``at_fraction``
+    of ``total``; ``at_s`` counts from the first step), read from the progress file rank 0
+    writes; every link is set back to its spec rate when stopped, for the next run.
+
+    Example::
+
+        events = StepEvents(cluster, Path("progress.json"), total=60).start()
+        ...  # the run
+        events.stop(); events.applied      # [(step, link, Mbit/s), ...]
+    """
+
+    def __init__(self, cluster: Cluster, progress: Path, total: int) -> None:
+        self.cluster, self.progress, self.total = cluster, progress, total
+        self.pending = sorted(cluster.spec.events, key=lambda e: e.at_fraction or 0.0)
+        self.applied: list[tuple[int, str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dssync-events", daemon=True)
+        self._first: float | None = None
+
+    def start(self) -> StepEvents:
+        self._thread.start()
+        return self
+
+    def _due(self, event: Any, step: int) -> bool:
+        if event.at_fraction is not None:
+            return step >= event.at_fraction * self.total
+        return self._first is not None and time.monotonic() - self._first >= event.at_s
+
+    def _loop(self) -> None:
+        while self.pending and not self._stop.wait(0.02):
+            try:
+                step = json.loads(self.progress.read_text())["step"]
+            except (OSError, ValueError, KeyError):
+                continue
+            self._first = self._first or time.monotonic()
+            while self.pending and self._due(self.pending[0], step):
+                e = self.pending.pop(0)
+                self.cluster.set_rate(e.link, e.rate_mbit)
+                self.applied.append((step, e.link, e.rate_mbit))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for link, rate in self.cluster.spec.link_rates().items():
+            self.cluster.set_rate(link, rate)
 
 
 @contextlib.contextmanager

@@ -5,26 +5,47 @@
 reads a TrainConfig from CONFIG.json, joins the process group torchrun describes (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, on whichever host rank 0 landed, writes the full summary
 (with the per-step log) to SUMMARY.json, so SUMMARY.json must be on storage every host sees.
+With a third path, PROGRESS.json, rank 0 also writes ``{"step": n}`` there after every step (a
+benchmark's harness reads it to change links at fractions of the run).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 from dssync.launch import exit_quietly
 from dssync.train.config import TrainConfig
+from dssync.train.hooks import StepHook
 from dssync.train.run import run_training
 from dssync.train.summary import write_json
 
 
+class Progress(StepHook):
+    """Rank 0 writes the step it finished to ``path`` (atomically) after every step."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def after_step(self, rank: int, step: int) -> None:
+        if rank == 0:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step}))
+            os.replace(tmp, self.path)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m dssync.train.worker CONFIG.json SUMMARY.json", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print(
+            "usage: python -m dssync.train.worker CONFIG.json SUMMARY.json [PROGRESS.json]",
+            file=sys.stderr,
+        )
         return 2
     with open(argv[0]) as f:
         cfg = TrainConfig(**json.load(f))
-    summary = run_training(cfg)
+    summary = run_training(cfg, hook=Progress(argv[2]) if len(argv) == 3 else None)
     if summary is not None:
         write_json(argv[1], summary)
     return 0
