@@ -86,7 +86,9 @@ def plot_metric(
         for i, (method, rs) in enumerate(runs.items()):
             xs, med, lo, hi = band(rs, metric, xkey)
             n = len(rs)
-            label = f"{method} (median of {n} seeds)" if n > 1 else method
+            chosen = sorted({r["auto"]["method"] for r in rs if "auto" in r})
+            name = f"{method}: {', '.join(chosen)}" if chosen else method
+            label = f"{name} (median of {n} seeds)" if n > 1 else name
             ax.plot(xs, med, color=f"C{i}", marker="o", markersize=2.5, label=label)
             if n > 1:
                 ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.2, linewidth=0)
