@@ -116,6 +116,8 @@ class WRN(Workload):
     batch_size = 16
     lr = 0.05
     lr_schedule = "cosine"
+    # BSP on 8 workers, 3 seeds: every seed at 0.92 by step 117 of the default 186.
+    target = 0.92
 
     def __init__(self, data_dir: str | None = None, **options) -> None:
         super().__init__(data_dir, **options)
