@@ -23,7 +23,7 @@ from dssync.train.run import run_training
 from dssync.train.summary import write_json
 
 
-class Progress(StepHook):
+class ProgressFile(StepHook):
     """Rank 0 writes the step it finished to ``path`` (atomically) after every step."""
 
     def __init__(self, path: str) -> None:
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[0]) as f:
         cfg = TrainConfig(**json.load(f))
-    summary = run_training(cfg, hook=Progress(argv[2]) if len(argv) == 3 else None)
+    summary = run_training(cfg, hook=ProgressFile(argv[2]) if len(argv) == 3 else None)
     if summary is not None:
         write_json(argv[1], summary)
     return 0
