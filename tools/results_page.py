@@ -115,11 +115,19 @@ def readme_block(found: dict[str, dict]) -> str:
             continue
         best = min(reached, key=lambda n: reached[n]["time_to_target"]["median"])
         clear = any(v.startswith(f"{best}:") and "beyond the spread" in v for v in s["verdicts"])
+        others = {n: m for n, m in reached.items() if n != "bsp" and not _ours(n)}
+        other = min(others, key=lambda n: others[n]["time_to_target"]["median"], default=None)
+        vs_other = f"{_ratio(reached[best], others[other])} of {other}" if other else "n/a"
         rows.append(
             f"| {s['meta'].get('title') or name} | {ref['time_to_target']['median']:.1f} s "
-            f"| {best} | {_ratio(reached[best], ref)} | {'yes' if clear else 'no'} |"
+            f"| {best} | {_ratio(reached[best], ref)} | {vs_other} | {'yes' if clear else 'no'} |"
         )
     return "\n".join([BEGIN, *rows, END])
+
+
+def _ours(name: str) -> bool:
+    """DS-Sync's own methods (and auto, which picks among them or BSP)."""
+    return name.startswith("dssync") or name == "auto"
 
 
 def with_block(readme: str, block: str) -> str:
