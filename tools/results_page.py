@@ -104,9 +104,10 @@ def page(found: dict[str, dict]) -> str:
 def readme_block(found: dict[str, dict]) -> str:
     """The README's short table: per result, BSP's median and each method's ratio to it."""
     rows = [
-        "| cluster | BSP to target | fastest (median) | its ratio to BSP | beyond the spread? |"
+        "| cluster | BSP to target | fastest (median) | vs BSP | vs best other remedy "
+        "| beyond the spread of BSP? |"
     ]
-    rows.append("|---|---|---|---|---|")
+    rows.append("|---|---|---|---|---|---|")
     for name, s in found.items():
         ms = s["methods"]
         ref = ms.get(s.get("reference", "bsp"))
