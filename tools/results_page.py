@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     want_readme = with_block(README.read_text(), readme_block(found))
     if a.check:
         stale = [
-            str(p.relative_to(ROOT))
+            p.name
             for p, want in ((PAGE, want_page), (README, want_readme))
             if not p.is_file() or p.read_text() != want
         ]
