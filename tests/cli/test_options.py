@@ -123,7 +123,7 @@ def test_epochs_default_to_the_workload_own(seen, workload):
 def test_workload_defaults_are_the_readme_settings():
     wrn, deepfm, bert, mnist = (WORKLOADS[n] for n in ("wrn", "deepfm", "bert", "mnist"))
     assert (wrn.epochs, wrn.batch_size, wrn.lr_schedule) == (6, 16, "cosine")
-    assert (deepfm.epochs, deepfm.batch_size, bert.epochs, mnist.epochs) == (10, 8, 4, 2)
+    assert (deepfm.epochs, deepfm.batch_size, bert.epochs, mnist.epochs) == (10, 8, 4, 4)
 
 
 def test_compare_wrn_with_no_options_runs_the_short_list_and_says_swa_is_on(seen, tmp_path):
