@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install demo test test-all lint ci bench-sync gpu-check clean
+.PHONY: install demo test test-all lint docs wheel-check ci bench-sync gpu-check clean
 
 $(VENV)/.installed: pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
@@ -36,7 +36,18 @@ test: install
 test-all: install
 	$(PY) -m pytest -q
 
-ci: lint test-all
+# What CI runs (.ci/run): lint, every test, the docs, and the wheel in a venv with torch alone.
+ci: lint test-all docs wheel-check
+
+# The documentation site (docs/, mkdocs.yml) into build/site; a broken link or a missing API
+# reference fails it.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+
+# Build the wheel and sdist, install the wheel into a fresh venv that has only the pinned CPU
+# torch (and numpy), and run examples/quickstart.py there under torchrun on 2 ranks.
+wheel-check: install
+	timeout 900 tools/wheel_check.sh
 
 lint: install
 	$(VENV)/bin/ruff check src tests
@@ -53,4 +64,4 @@ gpu-check:
 	PYTHONPATH=src $(GPU_PYTHON) tools/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

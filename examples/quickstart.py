@@ -1,0 +1,25 @@
+# Run with `torchrun --nproc-per-node 2 quickstart.py`. With one GPU per rank use "nccl".
+import torch
+import torch.distributed as dist
+
+import dssync
+
+dist.init_process_group("gloo")
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(dist.get_rank())  # each rank its own data
+data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
+loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
+
+model = torch.nn.Linear(8, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sync = dssync.DSSync(model, schedule=dssync.Shuffle(group_size=2, seed=0))  # rank 0's model
+
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    sync.step()  # average parameters inside this step's group
+sync.average_all()  # one global average for the final model
+print(f"rank {dist.get_rank()}: weight sum {model.weight.sum().item():.6f}")  # same everywhere
+dist.destroy_process_group()  # at exit gloo may abort without it

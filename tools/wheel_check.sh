@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make wheel-check`: does `pip install dssync` give a working library with torch alone?
+#
+# Builds the wheel and the sdist into dist/, makes a fresh venv with only the pinned CPU torch,
+# installs the wheel there (its dependencies: torch and numpy), then checks that none of the lab
+# extra came along, that the `dssync` command says in one line to install dssync[lab], and runs
+# examples/quickstart.py from outside the checkout under torchrun on 2 ranks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PY:-.venv/bin/python}
+OUT=build/wheel-check
+rm -rf dist "$OUT"
+mkdir -p "$OUT"
+
+"$PY" -m build --sdist --wheel --outdir dist . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+wheel=$(ls dist/dssync-*.whl)
+echo "wheel-check: built $(cd dist && ls)"
+
+python3 -m venv "$OUT/venv"
+V="$ROOT/$OUT/venv/bin"
+"$V/pip" install -q "$(grep '^torch==' requirements.txt)"
+"$V/pip" install -q -c requirements.txt "$wheel"
+
+extra=$("$V/pip" list --format=freeze 2>/dev/null | grep -i -E '^(click|rich|tqdm|matplotlib|scikit-learn|mlxtend)==' || true)
+if [ -n "$extra" ]; then echo "wheel-check: the wheel pulled lab packages: $extra"; exit 1; fi
+
+cd "$OUT"   # away from src/: the venv's dssync is the one imported
+"$V/python" -c "import dssync, sys; assert '/venv/' in dssync.__file__, dssync.__file__; print('wheel-check: import dssync', dssync.__version__, 'from the venv')"
+if msg=$("$V/dssync" train 2>&1); then echo "wheel-check: dssync ran without the lab extra"; exit 1; fi
+case "$msg" in *"dssync[lab]"*) echo "wheel-check: dssync without the extra: $msg" ;;
+  *) echo "wheel-check: dssync without the extra said: $msg"; exit 1 ;; esac
+[ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] || { echo "wheel-check: more than one line"; exit 1; }
+
+timeout 300 "$V/torchrun" --standalone --nproc-per-node 2 "$ROOT/examples/quickstart.py" >quickstart.log 2>&1 \
+  || { tail -30 quickstart.log; echo "wheel-check: the quickstart failed"; exit 1; }
+grep -q "rank 0" quickstart.log && grep -q "rank 1" quickstart.log \
+  || { cat quickstart.log; echo "wheel-check: the quickstart printed no result"; exit 1; }
+echo "wheel-check: examples/quickstart.py ran on 2 ranks from the wheel: $(grep '^rank' quickstart.log | sort | tr '\n' ' ')"
