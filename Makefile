@@ -50,8 +50,8 @@ wheel-check: install
 	timeout 900 tools/wheel_check.sh
 
 lint: install
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests examples tools
+	$(VENV)/bin/ruff format --check src tests examples tools
 
 bench-sync: install
 	$(VENV)/bin/dssync bench-sync

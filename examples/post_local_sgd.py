@@ -30,5 +30,5 @@ for _ in range(32):
     opt.zero_grad()
     sched.step()
 dssync.GroupAverager(dssync.Global()).average_parameters(model.parameters())  # one final model
-print(f"rank {dist.get_rank()}: weight sum {model.module.weight.sum().item():.6f}")
+print(f"rank {dist.get_rank()}: weight norm {model.module.weight.norm().item():.6f}")
 dist.destroy_process_group()

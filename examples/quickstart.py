@@ -21,5 +21,5 @@ for x, y in loader:
     opt.zero_grad()
     sync.step()  # average parameters inside this step's group
 sync.average_all()  # one global average for the final model
-print(f"rank {dist.get_rank()}: weight sum {model.weight.sum().item():.6f}")  # same everywhere
+print(f"rank {dist.get_rank()}: weight norm {model.weight.norm().item():.6f}")  # same everywhere
 dist.destroy_process_group()  # at exit gloo may abort without it

@@ -22,6 +22,6 @@ with Join([sync]):  # costs one all-reduce per step while active, as with DDP
         opt.zero_grad()
         sync.step()
 sync.average_all()
-print(f"rank {rank}: {len(batches)} batches, weight sum {model.weight.sum().item():.6f}")
+print(f"rank {rank}: {len(batches)} batches, weight norm {model.weight.norm().item():.6f}")
 dist.barrier()  # the last Join collectives done before the group goes (see known issues)
 dist.destroy_process_group()

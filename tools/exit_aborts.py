@@ -1,6 +1,6 @@
-"""Run the README's Accelerate example again and again; count the runs that abort at exit.
+"""Run the Accelerate example again and again; count the runs that abort at exit.
 
-Writes the README's ``train_accelerate.py`` block to a temporary folder and starts it with
+Copies ``examples/train_accelerate.py`` to a temporary folder and starts it with
 ``python -m torch.distributed.run --nproc-per-node 2`` ``--runs`` times, each on a fresh port,
 with ``--src`` (default: this checkout's ``src``) on ``PYTHONPATH``. A run counts as an abort
 when a rank printed "terminate called without an active exception"; any other failure is
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,10 +23,7 @@ ABORT = "terminate called without an active exception"
 
 
 def example() -> str:
-    for block in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
-        if block.startswith("# train_accelerate.py:"):
-            return block
-    raise SystemExit("README.md has no '# train_accelerate.py:' example")
+    return (ROOT / "examples" / "train_accelerate.py").read_text()
 
 
 def main() -> None:

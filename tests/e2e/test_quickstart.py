@@ -1,5 +1,5 @@
-"""The README's library example runs as written, on 2 ranks under torchrun, and leaves both ranks
-with the same model. (`make gpu-check` runs the same example on CUDA.)"""
+"""examples/quickstart.py (the README shows it) runs as written, on 2 ranks under torchrun, and
+leaves both ranks with the same model. (`make gpu-check` runs the same example on CUDA.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _spec.loader.exec_module(gpu_check)
 
 
 @pytest.mark.timeout(300)
-def test_readme_library_example_runs_and_ends_with_one_model(tmp_path):
+def test_the_quickstart_runs_and_ends_with_one_model(tmp_path):
     code = gpu_check.library_example()
     assert "loader" in code and "DSSync(" in code and "average_all()" in code
     r = gpu_check.run_example(code, tmp_path, ranks=2, timeout=240)
