@@ -18,9 +18,11 @@ model = DDP(torch.nn.Linear(8, 2))
 # subgroup=None means "one group per machine" and needs CUDA; on CPU give each rank its own.
 own, _ = dist.new_subgroups(group_size=1)
 model.register_comm_hook(PostLocalSGDState(None, own, start_localSGD_iter=8), post_localSGD_hook)
+# [start:averager]
 averager = dssync.GroupAverager(dssync.Shuffle(2, seed=0), warmup_steps=8)
 opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), averager)
 sched = torch.optim.lr_scheduler.StepLR(opt.optim, step_size=16)  # a scheduler takes opt.optim
+# [end:averager]
 
 torch.manual_seed(1 + dist.get_rank())  # each rank its own data
 for _ in range(32):

@@ -17,13 +17,15 @@ Or where PyTorch's model averagers stand (e.g. in ``PostLocalSGDOptimizer``)::
     averager = dssync.GroupAverager(dssync.Shuffle(2))
     averager.average_parameters(model.parameters())
 
-See :class:`dssync.DSSync` for a runnable example.
+See :class:`dssync.DSSync` for a runnable example. Everything a training script needs is
+importable from here and needs only torch (the ``dssync`` command and the lab come with
+``pip install 'dssync[lab]'``).
 """
 
 from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
+from dssync.errors import DSSyncError, PeerLost, SyncError, UsageError
 from dssync.schedules import (
-    Bipartite,
     Butterfly,
     Global,
     Schedule,
@@ -31,6 +33,7 @@ from dssync.schedules import (
     Static,
     TopologyAware,
     mixing_matrix,
+    plan_topology_aware,
     spectral_gap,
 )
 from dssync.strategies import (
@@ -42,6 +45,7 @@ from dssync.strategies import (
     LocalSGD,
     Strategy,
 )
+from dssync.topology import detect
 
 __version__ = "0.1.0"
 
@@ -49,19 +53,24 @@ __all__ = [
     "BSP",
     "AdaptiveDSSync",
     "AsyncDSSync",
-    "Bipartite",
     "Butterfly",
     "DSSync",
+    "DSSyncError",
     "Global",
     "GroupAverager",
     "Hierarchical",
     "LocalSGD",
+    "PeerLost",
     "Schedule",
     "Shuffle",
     "Static",
     "Strategy",
+    "SyncError",
     "TopologyAware",
+    "UsageError",
     "consensus_distance",
+    "detect",
     "mixing_matrix",
+    "plan_topology_aware",
     "spectral_gap",
 ]

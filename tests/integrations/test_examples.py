@@ -117,6 +117,7 @@ def test_accelerate_example(tmp_path):
     [
         ("post_local_sgd.py", ["weight norm"]),
         ("uneven_data.py", ["weight norm"]),
+        ("checkpoint.py", ["weight norm"]),
         ("variants.py", ["overlapped, weight norm", "wait-avoiding, weight norm"]),
     ],
 )

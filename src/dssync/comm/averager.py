@@ -203,6 +203,13 @@ class GroupAverager(ModelAverager):
     ``PeriodicModelAverager(period=1)``. It works wherever a ``ModelAverager`` does, including
     ``PostLocalSGDOptimizer`` (whose state_dict saves and restores ``step``).
 
+    As PyTorch's averagers, it averages parameters only (no buffers, no optimizer state),
+    averages nothing during ``warmup_steps`` (PyTorch's design runs DDP then), and does not
+    start the ranks from rank 0's weights: it sees the parameters only when asked to average
+    them, and a run resumed from a checkpoint must not be reset to rank 0's model. Start the
+    ranks from one model yourself (the same seed, DDP during the warm-up, or one
+    ``dist.broadcast`` of each tensor); ``DSSync`` does that at construction.
+
     Example (under torchrun or :func:`dssync.launch.spawn`)::
 
         from torch.distributed.optim import PostLocalSGDOptimizer
