@@ -23,5 +23,4 @@ with Join([sync]):  # costs one all-reduce per step while active, as with DDP
         sync.step()
 sync.average_all()
 print(f"rank {rank}: {len(batches)} batches, weight norm {model.weight.norm().item():.6f}")
-dist.barrier()  # the last Join collectives done before the group goes (see known issues)
 dist.destroy_process_group()

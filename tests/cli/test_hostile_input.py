@@ -1,15 +1,22 @@
 """Every way a user can hand `dssync` bad input: exit code 2, one line naming problem and fix,
-no traceback, and nothing already on disk damaged (an existing --json file, existing checkpoints)."""
+no traceback, and nothing already on disk damaged (an existing --json file, existing checkpoints).
+
+Each case runs in-process through the CLI's own entry point (``dssync.cli.main``, what the
+console script calls), so click's validation is checked without starting an interpreter per
+case; a few cases also run as a real process (``python -m dssync``), where the exit code and
+stderr are the operating system's."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from dssync.cli import main
 from dssync.launch import run_contained
 from dssync.train.checkpoint import write_checkpoint
 
@@ -25,6 +32,18 @@ GOOD_HEADER = {
 
 def dssync(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return run_contained([sys.executable, "-m", "dssync", *args], timeout)
+
+
+def dssync_in_process(args: list[str], capsys) -> SimpleNamespace:
+    """``main(args)`` here: its exit code and what it printed (the console script's path)."""
+    capsys.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 def topology(tmp: Path, body: str) -> str:
@@ -183,9 +202,11 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 # treats it as a bug (traceback, exit 1) until it does.
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", CASES)
-def test_bad_input_exits_2_with_one_line(tmp_path, case):
+# Also run as a real process: a click error, a check inside the training setup, a damaged file.
+IN_A_PROCESS = ["unknown workload", "group size too large", "corrupted checkpoint"]
+
+
+def check_bad_input(tmp_path: Path, case: str, run) -> None:
     if case == "device cuda without CUDA" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     make_args, words = CASES[case]
@@ -195,7 +216,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     if args[0] in ("train", "bench-straggler"):
         args = [*args, "--json", str(existing)]
     before = _snapshot(tmp_path)
-    r = dssync(args)
+    r = run(args)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, f"{case}: exit {r.returncode}\n{r.stderr[-2000:]}"
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-2000:]
@@ -204,3 +225,15 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     for w in words:
         assert w in errors[0], f"{case}: {w!r} not in {errors[0]!r}"
     assert _snapshot(tmp_path) == before, "a file that was already there changed"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_exits_2_with_one_line(tmp_path, case, capsys):
+    check_bad_input(tmp_path, case, lambda args: dssync_in_process(args, capsys))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", IN_A_PROCESS)
+def test_bad_input_in_a_real_process(tmp_path, case):
+    check_bad_input(tmp_path, case, dssync)
