@@ -3,10 +3,9 @@
 ``make test`` skips the tests marked slow (``-m "not slow"``); ``make test-all`` and CI run
 everything. A test is slow when it took more than :data:`SLOW_S` seconds in a measured run
 (``pytest --durations=0``); :data:`SLOW` lists them, by node id prefix, with the time measured
-on the 2-core development machine (under load from other jobs, so generous). Entries without a
-time were slow-by-folder before and were not re-measured here (end-to-end runs, real trainers,
-emulated clusters, big models); they start processes or train models, so they stay slow until
-measured.
+on the 2-core development machine. Entries without a time were slow-by-folder before and were
+not re-measured here (end-to-end runs, real trainers, emulated clusters, big models); they start
+processes or train models, so they stay slow until measured.
 
 Every run also watches: a test outside the slow tier that takes longer than :data:`SLOW_S` is
 named at the end of the run, so the list can follow the measurements.
@@ -16,7 +15,14 @@ from __future__ import annotations
 
 import pytest
 
-SLOW_S = 5.0
+# Measured with the machine loaded by other jobs (load average 7-10 on 2 cores), where the quick
+# tier took 10 minutes; on a quiet machine these times are about half.
+SLOW_S = 8.0
+# Over SLOW_S but kept in the quick tier: the one multi-process check of DS-Sync's averaging
+# (a step equals the group's mean) that `make test` must not lose.
+KEEP_QUICK = (
+    "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[3-schedule1-64]",
+)
 
 SLOW = (
     # measured (seconds, one run)
@@ -24,10 +30,41 @@ SLOW = (
     "tests/cli/test_piped_runs.py",  # 15-26 each
     "tests/cli/test_errors.py::test_every_kind_is_classified_the_same_locally_and_in_a_worker",  # 19
     "tests/cli/test_hostile_input.py::test_bad_input_in_a_real_process[corrupted checkpoint]",  # 11
-    "tests/cli/test_hostile_input.py::test_bad_input_exits_2_with_one_line[corrupted checkpoint]",  # 8
-    "tests/cli/test_hostile_input.py::test_bad_input_exits_2_with_one_line[checkpoint missing",  # 7
     "tests/integrations/test_runnable_examples.py",  # 11-23 each
-    "tests/e2e/test_quickstart.py::test_the_quickstart_runs_and_ends_with_one_model",  # 8
+    # measured in the quick tier, over SLOW_S
+    "tests/strategies/test_waitless.py::test_averages_keep_the_mean_shrink_the_spread_and_end_identical",  # 21
+    "tests/strategies/test_ps.py::test_ssp0_with_plain_sgd_is_synchronous_sgd",  # 20
+    "tests/train/test_lr.py::test_training_holds_the_rate_while_averaging_weights",  # 19
+    "tests/train/test_lr.py::test_training_follows_the_schedule",  # 19
+    "tests/strategies/test_spread.py::test_spread_crossings_mix_every_slice_and_keep_the_mean",  # 18
+    "tests/topology/test_topology.py::test_detect_from_cluster_env_and_probe_on_gloo",  # 17
+    "tests/strategies/test_misuse.py::test_extra_step_on_one_of_four_ranks_fails_every_rank_within_the_timeout",  # 16
+    "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[5-schedule3-64]",  # 15
+    "tests/strategies/test_waitless.py::test_odd_world_sizes_train_and_end_identical[3]",  # 15
+    "tests/strategies/test_misuse.py::test_frozen_parameters_are_not_averaged_and_never_drift",  # 14
+    "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[4-schedule2-128]",  # 14
+    "tests/comm/test_lane.py::test_a_peer_that_never_starts_is_reported_within_the_timeout",  # 14
+    "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[4-schedule0-26214400]",  # 13
+    "tests/test_launch.py::test_results_come_back_by_rank",  # 13
+    "tests/test_methods.py::test_builders_build_the_named_strategy_with_the_config",  # 12
+    "tests/strategies/test_dssync_optimizer_state.py::test_momentum_is_averaged_only_when_asked",  # 12
+    "tests/strategies/test_baselines.py::test_exp_gossip_through_the_registry_averages_four_ranks_exactly_in_two_steps",  # 12
+    "tests/strategies/test_spread.py::test_ranks_on_different_slices_are_refused",  # 11
+    "tests/test_install_layers.py::test_a_door_adds_nothing_from_the_lab_beyond_its_framework[lightning]",  # 11
+    "tests/strategies/test_adaptive.py::test_all_ranks_switch_at_the_same_step",  # 11
+    "tests/strategies/test_bsp.py::test_gradients_are_the_mean_and_sync_time_is_bounded_by_the_step",  # 11
+    "tests/strategies/test_misuse.py::test_join_lets_ranks_out_of_data_serve_their_groups[Shuffle(group_size=2, repeat=None, seed=0)]",  # 10
+    "tests/strategies/test_misuse.py::test_group_size_that_does_not_divide_the_world_is_refused",  # 10
+    "tests/strategies/test_baselines.py::test_dpsgd_names_the_neighbours_when_one_never_answers",  # 9
+    "tests/comm/test_averager.py::test_global_averages_bit_for_bit_as_periodic_model_averager",  # 9
+    "tests/strategies/test_dssync_numerics.py::test_global_is_plain_parameter_averaging",  # 9
+    "tests/comm/test_device_split.py::test_runs_on_a_strict_training_group[refuses_metadata]",  # 9
+    "tests/strategies/test_misuse.py::test_ddp_wrapped_model_is_refused_with_the_fix",  # 9
+    "tests/test_launch.py::test_spawned_workers_compute_with_their_share_of_the_cores",  # 9
+    "tests/strategies/test_spread.py::test_router_averages_only_the_given_slice",  # 8
+    "tests/strategies/test_baselines.py::test_exp_gossip_on_three_ranks_is_a_usage_error_naming_the_sizes_that_work",  # 8
+    "tests/test_launch.py::test_timeout_kills_every_rank",  # 8
+    "tests/train/test_checkpoint_files.py::test_ranks_fall_back_together_to_the_previous_good_step",  # 8
     # slow before, not re-measured here
     "tests/e2e/test_accuracy_parity.py",
     "tests/e2e/test_cli_runs.py",
@@ -67,7 +104,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" and report.duration > SLOW_S and "slow" not in report.keywords:
+    quick = "slow" not in report.keywords and not report.nodeid.startswith(KEEP_QUICK)
+    if report.when == "call" and report.duration > SLOW_S and quick:
         _too_slow.append((report.nodeid, report.duration))
 
 
