@@ -42,7 +42,7 @@ ci: lint test-all docs wheel-check
 # The documentation site (docs/, mkdocs.yml) into build/site; a broken link or a missing API
 # reference fails it.
 docs: install
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
 # Build the wheel and sdist, install the wheel into a fresh venv that has only the pinned CPU
 # torch (and numpy), and run examples/quickstart.py there under torchrun on 2 ranks.
