@@ -24,7 +24,7 @@ from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
 from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
-from dssync.schedules import Schedule, Shuffle, group_of
+from dssync.schedules import Fragments, Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -55,6 +55,8 @@ class DSSync(Strategy, Joinable):
         wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
             ``"int8"`` (scaled per chunk), compressed with error feedback
             (:mod:`dssync.comm.wire` says what error remains); :meth:`average_all` is exact.
+        fragments: average one of this many fragments of every buffer per step, in rotation
+            (each coordinate once every ``fragments`` steps; :class:`~dssync.schedules.Fragments`).
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -94,11 +96,14 @@ class DSSync(Strategy, Joinable):
         average_frozen: bool = False,
         pairs: str = "exchange",
         wire: str = "fp32",
+        fragments: int = 1,
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
         check_module(module)
         self.schedule = schedule if schedule is not None else Shuffle(2)
+        if fragments != 1:
+            self.schedule = Fragments(self.schedule, fragments)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.average_buffers = average_buffers
