@@ -103,7 +103,7 @@ def _digest(module) -> str:
     return h.hexdigest()
 
 
-def _two_ranks_on_one_gpu() -> dict:
+def _two_ranks_on_one_gpu(wire: str = "fp32") -> dict:
     import torch
     import torch.distributed as dist
 
@@ -116,7 +116,8 @@ def _two_ranks_on_one_gpu() -> dict:
         torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4)
     ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sync = dssync.DSSync(model, schedule=dssync.Shuffle(group_size=2, seed=0), optimizer=opt)
+    schedule = dssync.Shuffle(group_size=2, seed=0)
+    sync = dssync.DSSync(model, schedule=schedule, optimizer=opt, wire=wire)
     if any(p.device != device for p in model.parameters()):
         raise RuntimeError("DSSync moved the parameters off the GPU")
     mismatches = 0
@@ -157,6 +158,20 @@ def check_gloo_cuda() -> str:
     if r["final"][0] != r["final"][1]:
         raise RuntimeError("average_all() left the ranks with different bits")
     return "20 pair averagings and average_all() bit-identical on cuda:0"
+
+
+def check_int8_cuda() -> str:
+    from dssync.launch import spawn
+
+    r = spawn(
+        _two_ranks_on_one_gpu, 2, args=("int8",), timeout_s=150, collective_timeout_s=60,
+        backend="gloo",
+    )[0]  # fmt: skip
+    if r["device"] != "cuda:0" or r["mismatches"] or r["final"][0] != r["final"][1]:
+        raise RuntimeError(
+            f"int8 wire on {r['device']}: {r['mismatches']} of 20 averagings left the pair apart"
+        )
+    return "int8 wire: 20 pair averagings and average_all() bit-identical on cuda:0"
 
 
 def library_example(path: Path = QUICKSTART) -> str:
@@ -202,6 +217,7 @@ CHECKS = [
     ("train, world size 1, nccl, --device cuda", check_train_nccl),
     ("two ranks on one GPU, gloo over CUDA tensors", check_gloo_cuda),
     ("library quickstart on CUDA", check_readme),
+    ("DS-Sync int8 wire over gloo on CUDA tensors", check_int8_cuda),
 ]
 
 

@@ -27,6 +27,12 @@ def test_measure_reports_paired_overhead():
     assert r["raw_avg_s"] > 0 and r["overhead_vs_raw_avg"] > 0
 
 
+def test_measure_with_int8_reports_its_bytes_and_its_own_cost():
+    r = spawn(measure, 2, args=(20_000, 2, 3, 0, 0.02, "int8"), timeout_s=120)[0]
+    assert r["wire"] == "int8" and r["encode_s"] > 0
+    assert r["wire_bytes"] < 0.26 * 4 * 20_000 and r["dssync_s"] > 0
+
+
 def test_cli_prints_and_writes_json(tmp_path):
     path = tmp_path / "b.json"
     r = run(

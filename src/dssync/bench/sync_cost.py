@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dssync.comm.exchange import swap_ops
+from dssync.comm.wire import codec_for, encode_with_feedback, mean_in_order
 from dssync.schedules import Shuffle, group_of
 from dssync.strategies import DSSync
 
@@ -58,14 +59,25 @@ def _timed(fn) -> float:
 
 
 def measure(
-    numel: int, group_size: int, steps: int, seed: int = 0, bucket_mb: float = 25.0
+    numel: int,
+    group_size: int,
+    steps: int,
+    seed: int = 0,
+    bucket_mb: float = 25.0,
+    wire: str = "fp32",
 ) -> dict[str, Any]:
-    """Run on every rank of an initialized process group; returns medians in seconds."""
+    """Run on every rank of an initialized process group; returns medians in seconds.
+
+    With a compressed ``wire`` the DS-Sync step sends that format; ``encode_s`` is then what the
+    format costs on this rank alone per step (encode with the residual, decode its own and one
+    peer's message, and the group mean), the part that ``dssync / raw_exchange`` adds beyond
+    the smaller transfer."""
     world, rank = dist.get_world_size(), dist.get_rank()
     schedule = Shuffle(group_size, seed=seed, repeat=8)
     torch.manual_seed(0)
     model = FlatModel(numel)
-    sync = DSSync(model, schedule=schedule, bucket_bytes=int(bucket_mb * 2**20))
+    sync = DSSync(model, schedule=schedule, bucket_bytes=int(bucket_mb * 2**20), wire=wire)
+    codec, residual = codec_for(wire), torch.zeros(numel)
 
     raw_groups: dict[tuple[int, ...], Any] = {}
     for s in range(8):  # the same distinct groups, created with plain new_group
@@ -110,6 +122,13 @@ def measure(
         sync.steps = s
         sync.step()
 
+    def encode_only() -> float:
+        t0 = time.perf_counter()
+        msg, mine = encode_with_feedback(codec, flat, residual)
+        theirs = codec.decode(msg, numel, flat.dtype)
+        mean_in_order([mine, theirs])
+        return time.perf_counter() - t0
+
     times: dict[str, list[float]] = {
         "raw": [],
         "raw_avg": [],
@@ -117,6 +136,7 @@ def measure(
         "raw_exchange": [],
         "ddp_backward": [],
         "local_backward": [],
+        "encode": [],
     }
     for s in range(-2, steps):  # two warm-up steps
         row = {}
@@ -128,6 +148,7 @@ def measure(
         ]
         for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
+        row["encode"] = encode_only() if wire != "fp32" else 0.0
         row["ddp_backward"] = _timed(ddp_backward)
         row["local_backward"] = _timed(local_backward)
         if s >= 0:
@@ -145,6 +166,9 @@ def measure(
         "group_size": group_size,
         "steps": steps,
         "bucket_mb": bucket_mb,
+        "wire": wire,
+        "wire_bytes": codec.nbytes(numel),
+        "encode_s": med["encode"],
         "raw_s": med["raw"],
         "raw_avg_s": med["raw_avg"],
         "dssync_s": med["dssync"],

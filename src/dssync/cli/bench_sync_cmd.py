@@ -7,6 +7,7 @@ from rich.table import Table
 
 from dssync.bench.sync_cost import measure, measure_scale
 from dssync.cli.output import console, fmt_ms, write_json
+from dssync.comm.wire import WIRES
 from dssync.launch import spawn
 
 
@@ -46,8 +47,17 @@ from dssync.launch import spawn
     help="Many ranks, Shuffle(2) that never repeats: the averaging core against the old "
     "group-per-pair path (groups created after step 1, start-up, p50/p99 per step).",
 )
+@click.option(
+    "--wire",
+    "wires",
+    type=click.Choice(WIRES),
+    multiple=True,
+    default=("fp32",),
+    show_default=True,
+    help="What DS-Sync sends (repeat the option to measure several in one run).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_path) -> None:
+def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires, json_path) -> None:
     """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
     if scale:
         _scale(numel, worker_counts, steps, json_path)
@@ -56,15 +66,18 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_p
     for world in worker_counts:
         if group_size > world:
             raise click.BadParameter(f"--group-size {group_size} exceeds --workers {world}")
-        console.print(f"measuring {world} workers, {numel:,} parameters ...")
-        rows.append(
-            spawn(measure, world, args=(numel, group_size, steps, 0, bucket_mb), timeout_s=1800)[0]
-        )
+        for wire in wires:
+            console.print(f"measuring {world} workers, {numel:,} parameters, wire {wire} ...")
+            args = (numel, group_size, steps, 0, bucket_mb, wire)
+            rows.append(spawn(measure, world, args=args, timeout_s=1800)[0])
     table = Table(
         title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)"
     )
     for col in [
         "workers",
+        "wire",
+        "MB sent",
+        "encode",
         "raw all_reduce (group)",
         "raw all_reduce + divide",
         "DS-Sync step (group)",
@@ -80,6 +93,9 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_p
     for r in rows:
         table.add_row(
             str(r["world_size"]),
+            r["wire"],
+            f"{r['wire_bytes'] / 1e6:.1f}",
+            fmt_ms(r["encode_s"]) if r["wire"] != "fp32" else "-",
             fmt_ms(r["raw_s"]),
             fmt_ms(r["raw_avg_s"]),
             fmt_ms(r["dssync_s"]),
@@ -95,7 +111,9 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, json_p
     console.print(
         "overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back; "
         "'vs all_reduce + divide' is the same against an all_reduce followed by the division; "
-        "'vs exchange' against one whole-buffer send/recv with the partner, then add and halve"
+        "'vs exchange' against one whole-buffer fp32 send/recv with the partner, then add and "
+        "halve; 'MB sent' is one rank's message per pair step in the wire format, 'encode' "
+        "that format's own compute per step (encode with error feedback, decode, mean)"
     )
     if json_path:
         write_json(json_path, rows)

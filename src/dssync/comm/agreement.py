@@ -60,6 +60,7 @@ def check_start(sync: Any) -> None:
     values = {
         "sync method": _hash(sync.name),
         "pairs (exchange or all_reduce)": _hash(getattr(sync, "pairs", "exchange")),
+        "wire format": _hash(getattr(sync, "wire", "fp32")),
         "model (parameter and buffer names, shapes, dtypes)": module_fingerprint(named),
         "schedule": sync.schedule.fingerprint(sync.world_size),
         "bucket_bytes": _hash(sync.bucket_bytes),
@@ -72,6 +73,7 @@ def check_start(sync: Any) -> None:
     fixes = {
         "sync method": "wrap the model with the same sync method (class) on every rank",
         "pairs (exchange or all_reduce)": "pass the same pairs= on every rank",
+        "wire format": "pass the same wire= (--wire) on every rank",
         "model (parameter and buffer names, shapes, dtypes)": "build the same model on every rank before wrapping it",
         "schedule": "give every rank the same schedule type, group size and seed",
         "bucket_bytes": "pass the same bucket_bytes on every rank",

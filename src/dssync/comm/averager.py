@@ -41,6 +41,7 @@ from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.encoded import encoded_average
 from dssync.comm.exchange import (
     DEFAULT_CHUNK_BYTES,
     Exchange,
@@ -49,6 +50,7 @@ from dssync.comm.exchange import (
     wait,
 )
 from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
+from dssync.comm.wire import Residuals, codec_for
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part, part_slice
@@ -81,7 +83,10 @@ class Router:
         pairs: str = "exchange",
         max_groups: int = MAX_GROUPS,
         device: torch.device | None = None,
+        wire: str = "fp32",
     ) -> None:
+        self.codec = codec_for(wire)
+        self.residuals = Residuals()  # the error memory of a compressed wire
         if pairs not in PAIRS:
             raise UsageError(f"pairs={pairs!r}: choose one of {', '.join(PAIRS)}")
         if not timeout_s or timeout_s <= 0:
@@ -176,10 +181,21 @@ class Router:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
         every = list(buffers) + [f for f, _ in flats]
+        residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
+        if residuals and kind == ALL:  # one exact average: what the encodings lost comes back
+            for b, e in zip(every, residuals, strict=True):
+                b.add_(e)
+                e.zero_()
+            residuals = []
         if part != WHOLE:
             every = [b[part_slice(b.numel(), part)] for b in every]
+            residuals = [e[part_slice(e.numel(), part)] for e in residuals]
         tag = Tag(kind, step, layout_of(every, part))
-        if len(group) == self.size:
+        if residuals:
+            self.arrived = encoded_average(
+                every, residuals, self.codec, self.parent, group, tag, self.timeout_s, self.roll
+            )
+        elif len(group) == self.size:
             self.arrived = collective_average(
                 every, self.parent, group, tag, self.timeout_s, self.roll
             )

@@ -116,6 +116,7 @@ class Lane:
         bucket_bytes: int | None = None,
         device: torch.device | None = None,
         groups: dict[tuple[int, ...], dist.ProcessGroup] | None = None,
+        wire: str = "fp32",
     ) -> None:
         parent = process_group if process_group is not None else dist.group.WORLD
         ranks = dist.get_process_group_ranks(parent)
@@ -126,7 +127,7 @@ class Lane:
             use_local_synchronization=len(ranks) != dist.get_world_size(),
         )
         kwargs = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        self.router = Router(self.group, None, timeout_s, device=device, **kwargs)
+        self.router = Router(self.group, None, timeout_s, device=device, wire=wire, **kwargs)
         if groups is not None:
             self.router.groups = groups  # shared: the lender's later groups are seen too
         self.timeout_s = float(timeout_s)

@@ -2,10 +2,12 @@
 
 from dssync.schedules.base import Partition, Schedule, check_partition, group_of, split_even
 from dssync.schedules.basic import Butterfly, Global, Shuffle, Static
+from dssync.schedules.fragments import Fragments
 from dssync.schedules.mixing import consensus_error, mixing_matrix, product_matrix, spectral_gap
 
 __all__ = [
     "Butterfly",
+    "Fragments",
     "Global",
     "Partition",
     "Schedule",

@@ -155,6 +155,7 @@ class AdaptiveDSSync(DSSync):
             "local": list(self._local),
             "cross": list(self._cross),
             "switches": [[s, d] for s, d in self.switches],
+            **{k: v for k, v in super().state_dict().items() if k == "wire"},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -169,6 +170,7 @@ class AdaptiveDSSync(DSSync):
                 "--seed and --replan-every (spread=False: --sync dssync-topo-whole)"
             )
         self.steps = int(state["steps"])
+        self._load_wire(state)
         if "host_mbit" not in state:  # a checkpoint from before re-plans were saved
             return
         rates = {int(h): float(r) for h, r in state["host_mbit"].items()}

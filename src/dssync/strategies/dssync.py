@@ -22,8 +22,9 @@ from dssync.comm.agreement import check_module, check_start
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
+from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
-from dssync.schedules import Schedule, Shuffle, group_of
+from dssync.schedules import Fragments, Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -51,6 +52,11 @@ class DSSync(Strategy, Joinable):
         timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
         pairs: how pairs average: ``"exchange"`` (point to point, no group per pair) or
             ``"all_reduce"`` (on pair groups made at construction; for comparison).
+        wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
+            ``"int8"`` (scaled per chunk), compressed with error feedback
+            (:mod:`dssync.comm.wire` says what error remains); :meth:`average_all` is exact.
+        fragments: average one of this many fragments of every buffer per step, in rotation
+            (each coordinate once every ``fragments`` steps; :class:`~dssync.schedules.Fragments`).
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -89,11 +95,15 @@ class DSSync(Strategy, Joinable):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         average_frozen: bool = False,
         pairs: str = "exchange",
+        wire: str = "fp32",
+        fragments: int = 1,
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
         check_module(module)
         self.schedule = schedule if schedule is not None else Shuffle(2)
+        if fragments != 1:
+            self.schedule = Fragments(self.schedule, fragments)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.average_buffers = average_buffers
@@ -103,6 +113,7 @@ class DSSync(Strategy, Joinable):
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         self.steps = 0
         self.pairs = pairs
+        self.wire = codec_for(wire).name  # an unknown format is refused here, with the list
         self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
@@ -114,6 +125,7 @@ class DSSync(Strategy, Joinable):
             bucket_bytes,
             pairs=pairs,
             device=None if first is None else first.device,
+            wire=wire,
         )
         if broadcast_init:
             with torch.no_grad():
@@ -227,8 +239,12 @@ class DSSync(Strategy, Joinable):
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
     def state_dict(self) -> dict[str, Any]:
-        """The synchronization state: the schedule step (save the module and optimizer yourself)."""
-        return {"steps": self.steps, "schedule": self.schedule.describe()}
+        """The synchronization state: the schedule step and, with a compressed wire, the error
+        memory (save the module and optimizer yourself)."""
+        state = {"steps": self.steps, "schedule": self.schedule.describe()}
+        if self.wire != "fp32":
+            state["wire"] = {"format": self.wire, **self.router.residuals.state_dict()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("schedule") != self.schedule.describe():
@@ -237,6 +253,17 @@ class DSSync(Strategy, Joinable):
                 f"{self.schedule.describe()}; resume with the same --schedule, --group-size and --seed"
             )
         self.steps = int(state["steps"])
+        self._load_wire(state)
+
+    def _load_wire(self, state: dict[str, Any]) -> None:
+        saved = state.get("wire", {"format": "fp32"})
+        if saved["format"] != self.wire:
+            raise UsageError(
+                f"checkpoint was written with wire={saved['format']}, this run uses "
+                f"wire={self.wire}; resume with the same --wire"
+            )
+        if self.wire != "fp32":
+            self.router.residuals.load_state_dict(saved)
 
 
 class _ServeGroups(JoinHook):

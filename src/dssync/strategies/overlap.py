@@ -84,7 +84,10 @@ class OverlapDSSync(DSSync):
             self.bucket_bytes,
             device=None if first is None else first.device,
             groups=self.router.groups,  # lent: this strategy never averages on both at once
+            wire=self.wire,
         )
+        # one error memory for both paths: average_all returns what the lane's encodings lost
+        self.lane.router.residuals = self.router.residuals
         self._pending: tuple[Pending, list[torch.Tensor]] | None = None
         self._ready: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 

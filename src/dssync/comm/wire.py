@@ -1,0 +1,185 @@
+"""What travels on the wire: fp32 as kept, or a compressed format with error feedback.
+
+A group average with ``wire="bf16"``, ``"fp16"`` or ``"int8"`` sends each member's buffer
+compressed and keeps everything else (the parameters, the sums, the means) in the buffer's own
+dtype. ``int8`` is symmetric and scaled per chunk of :data:`CHUNK` elements (one float32 scale
+each), so it moves 1/4 of the fp32 bytes plus 1/256 for the scales.
+
+Error feedback (the role of CHOCO-SGD's public copies, for groups whose members change every
+step): each rank keeps a residual ``e`` as large as what it averages. At an averaging it encodes
+``v = x + e`` and keeps what the encoding lost, ``e <- v - Q(v)``, for the next averaging. Every
+member decodes every member's message, its own included, and all take the mean of the decoded
+values in group order, so the members of a group still end with the same bits::
+
+    x_i <- mean_{j in group} Q(x_j + e_j),        e_i <- x_i_old + e_i - Q(x_i_old + e_i)
+
+What remains after an exchange, and why consensus still holds:
+
+* Within the group the members agree exactly (the same decoded inputs, summed in one order).
+* ``sum(x) + sum(e)`` over all ranks is unchanged by every averaging (exactly, up to float
+  rounding): each member's message is ``x_j + e_j - e_j'``, and the group mean keeps the sum of
+  the messages. So the global mean of the parameters drifts from what fp32 averaging would give
+  by ``-mean(e)``, which never grows: each ``|e|`` is one encoding's error, at most half an int8
+  step (``max|v| / 254`` of its chunk) or half a bf16/fp16 unit in the last place of ``v``.
+  What one averaging loses is sent again at the next, so errors do not accumulate.
+* Disagreement between groups shrinks as with fp32 (the same doubly stochastic mixing of the
+  messages); each averaging perturbs the messages by at most one encoding's error, so the
+  consensus distance shrinks to a floor of about that size, not to zero.
+
+The residuals are part of the training state: :class:`Residuals` has ``state_dict`` and
+``load_state_dict`` so that a resumed run continues bit for bit.
+
+Example::
+
+    >>> import torch
+    >>> codec = codec_for("int8")
+    >>> x = torch.linspace(-1, 1, 5)
+    >>> codec.decode(codec.encode(x), x.numel(), x.dtype)
+    tensor([-1.0000, -0.5039,  0.0000,  0.5039,  1.0000])
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dssync.errors import UsageError
+
+WIRES = ("fp32", "bf16", "fp16", "int8")
+CHUNK = 1024  # elements per int8 scale
+
+
+class Codec:
+    """How one wire format encodes a flat buffer into the tensors that travel, and back."""
+
+    name = "fp32"
+
+    def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
+        return [v]
+
+    def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return msg[0].to(dtype)
+
+    def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """Receive buffers for a peer's message of a buffer of ``numel`` elements."""
+        return [torch.empty(numel, dtype=like.dtype, device=like.device)]
+
+    def nbytes(self, numel: int) -> int:
+        """Bytes one message of ``numel`` float32 elements puts on the wire."""
+        return 4 * numel
+
+
+class Cast(Codec):
+    """bf16 or fp16: each element rounded to the half-width float (fp16 clamped to its range)."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name, self.dtype = name, dtype
+
+    def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
+        if self.dtype == torch.float16:
+            top = torch.finfo(torch.float16).max
+            v = v.clamp(-top, top)  # beyond it fp16 has only inf; the residual keeps the rest
+        return [v.to(self.dtype)]
+
+    def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.empty(numel, dtype=self.dtype, device=like.device)]
+
+    def nbytes(self, numel: int) -> int:
+        return 2 * numel
+
+
+class Int8(Codec):
+    """Symmetric int8 with one float32 scale per :data:`CHUNK` elements (``max|v| / 127``)."""
+
+    name = "int8"
+
+    def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
+        rows = _rows(v.float())
+        scale = rows.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return [q.reshape(-1), scale]
+
+    def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
+        q, scale = msg
+        rows = q.view(-1, CHUNK).float() * scale[:, None]
+        return rows.reshape(-1)[:numel].to(dtype)
+
+    def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
+        n = _chunks(numel)
+        return [
+            torch.empty(n * CHUNK, dtype=torch.int8, device=like.device),
+            torch.empty(n, dtype=torch.float32, device=like.device),
+        ]
+
+    def nbytes(self, numel: int) -> int:
+        return _chunks(numel) * (CHUNK + 4)
+
+
+def _chunks(numel: int) -> int:
+    return -(-numel // CHUNK)
+
+
+def _rows(v: torch.Tensor) -> torch.Tensor:
+    pad = _chunks(v.numel()) * CHUNK - v.numel()
+    return F.pad(v, (0, pad)).view(-1, CHUNK)
+
+
+def codec_for(wire: str) -> Codec:
+    """The codec of a wire format name; a name not in :data:`WIRES` is refused with the list."""
+    codecs = {
+        "fp32": Codec(),
+        "bf16": Cast("bf16", torch.bfloat16),
+        "fp16": Cast("fp16", torch.float16),
+        "int8": Int8(),
+    }
+    if wire not in codecs:
+        raise UsageError(f"wire={wire!r} is not a wire format; choose one of {', '.join(WIRES)}")
+    return codecs[wire]
+
+
+class Residuals:
+    """Each averaged buffer's error memory: what the last encoding of it lost.
+
+    Kept per position in the list of buffers averaged (flat buckets, then packed optimizer
+    state), full size, in the buffer's dtype and device. When the list's shapes change (for
+    example once an optimizer has made its momentum) the memory starts again from zero.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+
+    def like(self, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The residuals for ``buffers`` (made as zeros when their shapes changed)."""
+        shapes = [(b.numel(), b.dtype, b.device) for b in buffers]
+        if [(t.numel(), t.dtype, t.device) for t in self.tensors] != shapes:
+            self.tensors = [torch.zeros_like(b) for b in buffers]
+        return self.tensors
+
+    def state_dict(self) -> dict:
+        return {"residuals": [t.clone() for t in self.tensors]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tensors = [t.clone() for t in state.get("residuals", [])]
+
+
+def encode_with_feedback(
+    codec: Codec, buffer: torch.Tensor, residual: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Encode ``buffer + residual``; keep what was lost in ``residual`` (in place).
+
+    Returns the message and its decoded value (what every peer will decode from it).
+    """
+    v = buffer + residual
+    msg = codec.encode(v)
+    mine = codec.decode(msg, v.numel(), v.dtype)
+    torch.sub(v, mine, out=residual)
+    return msg, mine
+
+
+def mean_in_order(values: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of ``values`` summed in the order given (members sum alike: the same bits)."""
+    total = values[0].clone()
+    for v in values[1:]:
+        total.add_(v)
+    return total.div_(len(values))

@@ -1,0 +1,208 @@
+"""Compressed wire formats with error feedback: codecs, a one-process reference of 8 ranks, and
+the distributed path against that reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dssync import DSSync, Global, Shuffle
+from dssync.comm.wire import (
+    CHUNK,
+    WIRES,
+    codec_for,
+    encode_with_feedback,
+    mean_in_order,
+)
+from dssync.errors import UsageError
+from dssync.launch import spawn
+from dssync.schedules import group_of
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_one_encoding_loses_at_most_half_a_step(wire):
+    codec = codec_for(wire)
+    x = torch.randn(3 * CHUNK + 5) * torch.logspace(-3, 1, 3 * CHUNK + 5)
+    back = codec.decode(codec.encode(x), x.numel(), x.dtype)
+    err = (back - x).abs()
+    if wire == "fp32":
+        assert torch.equal(back, x)
+    elif wire == "int8":  # half a step of each chunk's scale, max|x| / 127
+        rows = torch.nn.functional.pad(x, (0, CHUNK - 5)).view(-1, CHUNK)
+        half_step = (rows.abs().amax(1) / 254).repeat_interleave(CHUNK)[: x.numel()]
+        assert bool((err <= half_step * (1 + 1e-5)).all())
+    else:  # half a unit in the last place of the half-width float (subnormals: absolute)
+        info = torch.finfo(torch.bfloat16 if wire == "bf16" else torch.float16)
+        assert bool((err <= (x.abs() + info.tiny) * info.eps / 2).all())
+
+
+def test_int8_moves_about_a_quarter_of_the_fp32_bytes():
+    n = 4_000_000
+    assert codec_for("int8").nbytes(n) / codec_for("fp32").nbytes(n) < 0.252
+    assert codec_for("bf16").nbytes(n) / codec_for("fp32").nbytes(n) == 0.5
+
+
+def test_unknown_wire_names_the_choices():
+    with pytest.raises(UsageError, match="fp32, bf16, fp16, int8"):
+        codec_for("int4")
+
+
+def simulate(wire: str, world: int, steps: int, seed: int = 0) -> dict:
+    """Every rank's vector after ``steps`` Shuffle(2) averagings with ``wire``, on one process,
+    with the library's own encode and mean (what each rank of the distributed path computes)."""
+    torch.manual_seed(seed)
+    xs = [torch.randn(2 * CHUNK) for _ in range(world)]
+    es = [torch.zeros_like(x) for x in xs]
+    codec = codec_for(wire)
+    start_sum = torch.stack(xs).double().sum(0)
+    schedule = Shuffle(2, seed=seed)
+    dist_by_step = []
+    for step in range(steps):
+        sent = [encode_with_feedback(codec, x, e)[1] for x, e in zip(xs, es, strict=True)]
+        for group in schedule.partition(step, world):
+            mean = mean_in_order([sent[r] for r in group])
+            for r in group:
+                xs[r] = mean.clone()
+        stack = torch.stack(xs)
+        dist_by_step.append(float((stack - stack.mean(0)).norm(dim=1).max()))
+    stack = torch.stack(xs)
+    return {
+        "xs": xs,
+        "es": es,
+        "distance": dist_by_step,
+        "mean_drift": float((stack.double().mean(0) - start_sum / world).abs().max()),
+        "kept": float(
+            (stack.double().sum(0) + torch.stack(es).double().sum(0) - start_sum).abs().max()
+        ),
+    }
+
+
+def test_int8_on_8_ranks_keeps_the_mean_and_reaches_consensus_to_within_its_step():
+    fp32, int8 = simulate("fp32", 8, 40), simulate("int8", 8, 40)
+    scale = max(float(x.abs().max()) for x in int8["xs"])
+    half_step = scale / 254
+    # sum(x) + sum(e) is what every averaging keeps (float rounding aside)
+    assert int8["kept"] < 1e-4
+    # so the mean drifts from the true one by mean(e), never more than half an int8 step
+    assert int8["mean_drift"] <= half_step * 1.01
+    # consensus shrinks as fp32's does, down to a floor of one encoding's error: each rank's
+    # distance from the mean at most half an int8 step per element (rms) above fp32's
+    assert int8["distance"][10] < int8["distance"][0] / 10
+    assert int8["distance"][-1] <= fp32["distance"][-1] + half_step * (2 * CHUNK) ** 0.5
+    # without the residual, the lost part would stay lost: check that it matters
+    assert max(float(e.abs().max()) for e in int8["es"]) > 0
+
+
+def _ranks_run(wire: str, steps: int, schedule_name: str):
+    torch.manual_seed(dist.get_rank())
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(2 * CHUNK, 1, bias=False)
+    with torch.no_grad():  # every rank its own start: averaging is what the test follows
+        model.weight.copy_(
+            torch.randn(1, 2 * CHUNK, generator=torch.Generator().manual_seed(dist.get_rank()))
+        )
+    schedule = Shuffle(2, seed=0) if schedule_name == "shuffle" else Global()
+    sync = DSSync(model, schedule=schedule, wire=wire, broadcast_init=False, timeout_s=30)
+    for _ in range(steps):
+        sync.step()
+    return model.weight.detach().reshape(-1).clone(), sync.router.residuals.tensors[0].clone()
+
+
+def _reference(wire: str, world: int, steps: int, schedule) -> tuple[list, list]:
+    xs = [
+        torch.randn(1, 2 * CHUNK, generator=torch.Generator().manual_seed(r)).reshape(-1)
+        for r in range(world)
+    ]
+    es = [torch.zeros_like(x) for x in xs]
+    codec = codec_for(wire)
+    for step in range(steps):
+        sent = [encode_with_feedback(codec, x, e)[1] for x, e in zip(xs, es, strict=True)]
+        partition = schedule.partition(step, world)
+        xs = [mean_in_order([sent[r] for r in group_of(partition, q)]) for q in range(world)]
+    return xs, es
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wire,schedule_name", [("int8", "shuffle"), ("bf16", "global")])
+def test_distributed_path_gives_the_reference_bits(wire, schedule_name):
+    got = spawn(_ranks_run, 4, args=(wire, 5, schedule_name), timeout_s=100)
+    schedule = Shuffle(2, seed=0) if schedule_name == "shuffle" else Global()
+    xs, es = _reference(wire, 4, 5, schedule)
+    for r, (x, e) in enumerate(got):
+        assert torch.equal(x, xs[r]), f"rank {r} differs from the one-process reference"
+        assert torch.equal(e, es[r])
+
+
+def _resume_run(split: int | None, path: str):
+    torch.manual_seed(7)
+    model = torch.nn.Linear(64, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = DSSync(model, schedule=Shuffle(2, seed=3), optimizer=opt, wire="int8", timeout_s=30)
+    gen = torch.Generator().manual_seed(100 + dist.get_rank())
+    data = [torch.randn(8, 64, generator=gen) for _ in range(8)]
+    for i, x in enumerate(data):
+        if split is not None and i == split:
+            torch.save(
+                {"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()},
+                f"{path}.{dist.get_rank()}",
+            )
+            model = torch.nn.Linear(64, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            sync = DSSync(
+                model, schedule=Shuffle(2, seed=3), optimizer=opt, wire="int8", timeout_s=30
+            )
+            saved = torch.load(f"{path}.{dist.get_rank()}")
+            model.load_state_dict(saved["m"])
+            opt.load_state_dict(saved["o"])
+            sync.load_state_dict(saved["s"])
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_int8_is_bit_exact(tmp_path):
+    straight = spawn(_resume_run, 2, args=(None, str(tmp_path / "c")), timeout_s=100)
+    resumed = spawn(_resume_run, 2, args=(4, str(tmp_path / "c")), timeout_s=100)
+    for a, b in zip(straight, resumed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _mismatch():
+    model = torch.nn.Linear(4, 2)
+    try:
+        DSSync(model, wire="int8" if dist.get_rank() == 0 else "fp32", timeout_s=20)
+    except UsageError as e:
+        return str(e)
+    return "accepted"
+
+
+@pytest.mark.timeout(90)
+def test_ranks_with_another_wire_are_refused_at_start():
+    said = spawn(_mismatch, 2, timeout_s=80)
+    assert all("wire format" in s for s in said), said
+
+
+def _final():
+    torch.manual_seed(dist.get_rank())
+    model = torch.nn.Linear(2 * CHUNK, 1, bias=False)
+    sync = DSSync(
+        model, schedule=Shuffle(2, seed=0), wire="int8", broadcast_init=False, timeout_s=30
+    )
+    start = model.weight.detach().double().clone()
+    for _ in range(3):
+        sync.step()
+    sync.average_all()
+    return start, model.weight.detach().clone()
+
+
+@pytest.mark.timeout(90)
+def test_average_all_is_exact_and_returns_what_the_encodings_lost():
+    got = spawn(_final, 4, timeout_s=80)
+    true_mean = sum(s for s, _ in got) / 4
+    finals = [w for _, w in got]
+    assert all(torch.equal(finals[0], w) for w in finals)
+    assert float((finals[0].double() - true_mean).abs().max()) < 1e-6
