@@ -48,6 +48,7 @@ from dssync.comm.exchange import (
     collective_average,
     wait,
 )
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
@@ -112,6 +113,7 @@ class Router:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         one = torch.zeros(1, device=device)
+        lend([one])
         work = dist.all_reduce(one, group=self.parent, async_op=True)
         members = list(range(self.size))
         wait(work, time.monotonic() + self.timeout_s, Tag(ALL, -1, 1), members, self.timeout_s)

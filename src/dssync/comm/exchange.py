@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
 from dssync.errors import PeerLost
 
@@ -327,6 +328,7 @@ def collective_average(
     deadline = time.monotonic() + timeout_s
     device = buffers[0].device if buffers else torch.device("cpu")
     signed = tag.signed(device)
+    lend([signed, *buffers])
     works = [dist.all_reduce(signed, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
     for b in buffers:
         b.div_(len(group))
@@ -356,6 +358,7 @@ def broadcast_tensors(
         else dist.get_global_rank(process_group, src)
     )
     flats = pack(tensors)
+    lend(f for f, _ in flats)
     works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
     for w in works:
         wait(w, deadline, tag, members, timeout_s, roll=roll)

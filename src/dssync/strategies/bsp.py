@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dssync.comm.align import align_rest
+from dssync.comm.inflight import lend
 from dssync.strategies.base import Strategy
 
 
@@ -80,6 +82,7 @@ class BSP(Strategy):
         """
         pg = self.process_group or dist.group.WORLD
         tensor = bucket.buffer().div_(dist.get_world_size(pg))
+        lend([tensor])
         fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
@@ -89,7 +92,8 @@ class BSP(Strategy):
         return super().take_sync_time() + covered(_seconds(spans))
 
     def average_all(self) -> None:
-        """Nothing to do: DDP keeps every rank's parameters identical."""
+        """DDP keeps the parameters identical; buffers follow rank 0 (as DDP's broadcast does)."""
+        align_rest(self.module, self.module.parameters(), self.process_group)
 
 
 def _mark(device: torch.device) -> object:

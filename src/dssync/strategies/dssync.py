@@ -19,6 +19,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.agreement import check_module, check_start
+from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
@@ -181,6 +182,7 @@ class DSSync(Strategy, Joinable):
         """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
         with SyncTimer(self):
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
+            align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)
 
     def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
         """Average buckets and optimizer state (``part`` of them) with ``group``."""

@@ -9,8 +9,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag
 from dssync.errors import UsageError
 from dssync.strategies.base import Strategy, SyncTimer
@@ -125,6 +127,7 @@ class Hierarchical(Strategy):
         """Leave the sum over all ranks of ``flat`` in ``flat`` on every rank (all ranks call)."""
         deadline = time.monotonic() + self.timeout_s
         tag, members = Tag(ALL, self.steps, flat.numel()), list(range(self.world_size))
+        lend([flat])
 
         def done(work) -> None:
             wait(work, deadline, tag, members, self.timeout_s)
@@ -140,4 +143,10 @@ class Hierarchical(Strategy):
             done(dist.broadcast(flat, src=self.leader, group=self._local, async_op=True))
 
     def average_all(self) -> None:
-        """Nothing to do: every rank applies the same mean gradient."""
+        """Parameters are alike (every rank applies the same mean gradient); the rest follows rank 0."""
+        align_rest(
+            self.module,
+            [*self.module.parameters(), *self._buffers],
+            self.process_group,
+            self.timeout_s,
+        )
