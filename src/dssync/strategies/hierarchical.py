@@ -142,11 +142,13 @@ class Hierarchical(Strategy):
         if self._local is not None:
             done(dist.broadcast(flat, src=self.leader, group=self._local, async_op=True))
 
+    @torch.no_grad()
     def average_all(self) -> None:
-        """Parameters are alike (every rank applies the same mean gradient); the rest follows rank 0."""
-        align_rest(
-            self.module,
-            [*self.module.parameters(), *self._buffers],
-            self.process_group,
-            self.timeout_s,
-        )
+        """Parameters are alike (every rank applies the same mean gradient): the floating
+        buffers are averaged once more (a forward since the last step moved them), and the
+        rest follows rank 0."""
+        with SyncTimer(self):
+            if self._buffers:
+                self.router.average(range(self.world_size), ALL, self.steps, tensors=self._buffers)
+            averaged = [*self.module.parameters(), *self._buffers]
+            align_rest(self.module, averaged, self.process_group, self.timeout_s)
