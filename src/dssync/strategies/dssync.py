@@ -104,7 +104,6 @@ class DSSync(Strategy, Joinable):
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         self.steps = 0
         self.pairs = pairs
-        self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
