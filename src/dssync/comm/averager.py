@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -139,7 +140,7 @@ class Router:
             if key not in self.groups and key not in self._elsewhere and key not in new:
                 new.append(key)
         for key in sorted(new):
-            pg = dist.new_group(list(key))
+            pg = dist.new_group(list(key), timeout=timedelta(seconds=self.timeout_s))
             self.created += 1
             if self.rank in key:
                 self.groups[key] = pg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -101,7 +102,8 @@ class Hierarchical(Strategy):
         return r if self.parent is dist.group.WORLD else dist.get_global_rank(self.parent, r)
 
     def _new_group(self, ranks: list[int]) -> dist.ProcessGroup:
-        return dist.new_group([self._global(r) for r in ranks])
+        timeout = timedelta(seconds=self.timeout_s)
+        return dist.new_group([self._global(r) for r in ranks], timeout=timeout)
 
     @torch.no_grad()
     def after_backward(self) -> None:
