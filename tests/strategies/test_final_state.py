@@ -8,6 +8,7 @@ with one ``state_dict``: the same hash on every rank, and rank 0's counters.
 from __future__ import annotations
 
 import hashlib
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 
 from dssync import DSSync, Shuffle
+from dssync.comm import inflight
 from dssync.launch import spawn
 from dssync.methods import METHODS, build_strategy
 from dssync.topology import Topology
@@ -67,8 +69,8 @@ def test_uneven_data_under_join_ends_with_one_state_dict():
 METHOD_NAMES = [name for name, m in METHODS.items() if name != "auto"]
 
 
-def _every_method() -> dict[str, tuple[str, int] | str]:
-    out: dict[str, tuple[str, int] | str] = {}
+def _every_method() -> dict[str, tuple[str, int, int] | str]:
+    out: dict[str, tuple[str, int, int] | str] = {}
     topology = Topology(hosts=(0, 1), racks=(0, 0))
     for name in METHOD_NAMES:
         try:
@@ -87,7 +89,9 @@ def _every_method() -> dict[str, tuple[str, int] | str]:
             strategy.average_all()
             if hasattr(strategy, "close"):
                 strategy.close()
-            out[name] = (_state_hash(model), int(model[1].num_batches_tracked))
+            time.sleep(0.2)  # gloo's threads let go of the last works
+            held = len(inflight.held())  # else every exit would wait for them (its whole bound)
+            out[name] = (_state_hash(model), int(model[1].num_batches_tracked), held)
         except Exception as e:  # noqa: BLE001 - reported per method to the parent
             out[name] = f"{type(e).__name__}: {str(e)[:300]}"
         dist.barrier()
@@ -106,3 +110,4 @@ def test_every_method_ends_with_one_state_dict(every_method, name):
     assert not isinstance(r0, str) and not isinstance(r1, str), (r0, r1)
     assert r0[1] == r1[1] == 3  # rank 0's counter (rank 1 had 4)
     assert r0[0] == r1[0]
+    assert r0[2] == r1[2] == 0  # no tensor dssync lent to a collective is still held

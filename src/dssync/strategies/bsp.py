@@ -22,7 +22,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dssync.comm.align import align_rest
-from dssync.comm.inflight import lend
 from dssync.strategies.base import Strategy
 
 
@@ -82,7 +81,6 @@ class BSP(Strategy):
         """
         pg = self.process_group or dist.group.WORLD
         tensor = bucket.buffer().div_(dist.get_world_size(pg))
-        lend([tensor])
         fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
         return fut.then(lambda f: f.value()[0])
 
