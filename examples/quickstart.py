@@ -22,4 +22,4 @@ for x, y in loader:
     sync.step()  # average parameters inside this step's group
 sync.average_all()  # one global average for the final model
 print(f"rank {dist.get_rank()}: weight norm {model.weight.norm().item():.6f}")  # same everywhere
-dist.destroy_process_group()  # at exit gloo may abort without it
+dist.destroy_process_group()

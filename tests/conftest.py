@@ -92,6 +92,7 @@ SLOW = (
     "tests/strategies/test_waitless.py::test_an_active_does_not_wait_for_a_slow_passives_loop",
     "tests/strategies/test_waitless.py::test_a_passive_that_never_answers_is_named",
     "tests/strategies/test_ps.py::test_a_lost_worker_is_named_within_the_timeout",
+    "tests/strategies/test_final_state.py::test_every_method_ends_with_one_state_dict",
 )
 
 _too_slow: list[tuple[str, float]] = []

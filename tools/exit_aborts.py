@@ -1,11 +1,13 @@
-"""Run the Accelerate example again and again; count the runs that abort at exit.
+"""Run the examples again and again; count the runs that abort at exit.
 
-Copies ``examples/train_accelerate.py`` to a temporary folder and starts it with
-``python -m torch.distributed.run --nproc-per-node 2`` ``--runs`` times, each on a fresh port,
-with ``--src`` (default: this checkout's ``src``) on ``PYTHONPATH``. A run counts as an abort
-when a rank printed "terminate called without an active exception"; any other failure is
-printed and counted apart. ``--load N`` keeps N busy processes spinning meanwhile: on an idle
-machine the abort is rare, and it showed under load (CI, other tests running).
+Copies an example file (``examples/``) to a temporary folder and starts it with ``python -m
+torch.distributed.run --nproc-per-node 2`` ``--runs`` times, each on a fresh port, with ``--src``
+(default: this checkout's ``src``) on ``PYTHONPATH``. ``--example library`` is ``examples/quickstart.py``
+(plain ``DSSync``, ending with ``dist.destroy_process_group()``), ``--example accelerate``
+``examples/train_accelerate.py``, ``--example both`` (the default) runs each ``--runs`` times. A run
+counts as an abort when a rank printed "terminate called without an active exception"; any
+other failure is printed and counted apart. ``--load N`` keeps N busy processes spinning
+meanwhile: on an idle machine the abort is rare, and it showed under load (CI, other tests).
 Usage: ``.venv/bin/python tools/exit_aborts.py --runs 24 --load 2``.
 """
 
@@ -20,15 +22,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ABORT = "terminate called without an active exception"
+EXAMPLES = ("library", "accelerate")
 
 
-def example() -> str:
-    return (ROOT / "examples" / "train_accelerate.py").read_text()
+def example(name: str) -> str:
+    file = "quickstart.py" if name == "library" else "train_accelerate.py"
+    return (ROOT / "examples" / file).read_text()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=24)
+    parser.add_argument("--example", choices=[*EXAMPLES, "both"], default="both")
     parser.add_argument("--src", default=str(ROOT / "src"), help="dssync source to import")
     parser.add_argument("--load", type=int, default=0, help="busy processes alongside")
     args = parser.parse_args()
@@ -36,25 +41,29 @@ def main() -> None:
     from dssync.launch import free_port, run_contained
 
     env = {**os.environ, "PYTHONPATH": args.src}
+    names = EXAMPLES if args.example == "both" else (args.example,)
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
-        aborts, failures = runs(args.runs, env, free_port, run_contained)
+        for name in names:
+            aborts, failures = runs(name, args.runs, env, free_port, run_contained)
+            print(
+                f"{name}: {args.runs} runs, {args.load} busy: {aborts} aborted at exit, "
+                f"{failures} failed otherwise",
+                flush=True,
+            )
     finally:
         for p in spin:
             p.kill()
             p.wait()
-    print(
-        f"{args.runs} runs, {args.load} busy: {aborts} aborted at exit, {failures} failed otherwise"
-    )
 
 
-def runs(count: int, env: dict[str, str], free_port, run_contained) -> tuple[int, int]:
+def runs(name: str, count: int, env: dict[str, str], free_port, run_contained) -> tuple[int, int]:
     aborts = failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "train_accelerate.py").write_text(example())
+        Path(tmp, "example.py").write_text(example(name))
         for i in range(count):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--master-port",
-                   str(free_port()), "--nproc-per-node", "2", "train_accelerate.py"]  # fmt: skip
+                   str(free_port()), "--nproc-per-node", "2", "example.py"]  # fmt: skip
             done = run_contained(cmd, 120, env=env, cwd=tmp)
             if ABORT in done.stderr:
                 aborts += 1

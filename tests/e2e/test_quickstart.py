@@ -15,7 +15,6 @@ gpu_check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_check)
 
 
-EXIT_ABORT = "terminate called without an active exception"
 DIGEST = r"rank (\d) model ([0-9a-f]{64}) device (cpu|cuda(?::\d+)?)"
 
 
@@ -23,11 +22,8 @@ DIGEST = r"rank (\d) model ([0-9a-f]{64}) device (cpu|cuda(?::\d+)?)"
 def test_the_quickstart_runs_and_ends_with_one_model(tmp_path):
     code = gpu_check.library_example()
     assert "loader" in code and "DSSync(" in code and "average_all()" in code
-    for _ in range(3):  # started again only on gloo's known abort at exit (docs/known-issues.md)
-        r = gpu_check.run_example(code, tmp_path, ranks=2, timeout=90)
-        found = sorted(re.findall(DIGEST, r.stdout))
-        if r.returncode == 0 or EXIT_ABORT not in r.stderr or len(found) != 2:
-            break
+    r = gpu_check.run_example(code, tmp_path, ranks=2, timeout=90)  # no retry (issue 27)
+    found = sorted(re.findall(DIGEST, r.stdout))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [f[0] for f in found] == ["0", "1"], r.stdout + r.stderr[-2000:]
     assert found[0][1] == found[1][1]  # average_all() left both ranks bit-identical

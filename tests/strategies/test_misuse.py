@@ -112,11 +112,13 @@ def _odd(setting: str):
     [
         (
             "bucket_bytes",
-            "ranks disagree on the bucket_bytes: ranks [1] differ from rank 0; pass the same bucket_bytes",
+            "ranks disagree on the bucket_bytes: ranks [1] differ from rank 0 "
+            "(rank 0 has 4096, rank 1 has 1024); pass the same bucket_bytes",
         ),
         (
             "optimizer",
-            "optimizer (given or not, its type and parameter shapes): ranks [0] differ from rank 1; "
+            "optimizer (given or not, its type and parameter shapes): ranks [0] differ from rank 1 "
+            "(rank 1 has None, rank 0 has ('SGD', [[(4, 4), (4,)]])); "
             "pass optimizer= on every rank or on none",
         ),
         ("average_buffers", "average_buffers: ranks [1] differ from rank 0"),

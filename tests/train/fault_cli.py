@@ -1,12 +1,14 @@
-"""``python fault_cli.py [--crash-rank R --crash-at-step S] ARGS...``: the dssync CLI with a
-crash injected through a step hook (tests only); the crash happens once per checkpoint folder."""
+"""``python fault_cli.py [--crash-rank R --crash-at-step S | --kill-rank R --kill-writing-step S]
+ARGS...``: the dssync CLI with a crash injected through a step hook (tests only): an exit after
+step S, or a SIGKILL while rank R writes its checkpoint of step S. Either happens once per
+checkpoint folder."""
 
 from __future__ import annotations
 
 import functools
 import sys
 
-from faults import CrashAfter
+from faults import CrashAfter, KilledWhileWriting
 
 import dssync.cli.train_cmd as train_cmd
 from dssync.cli import main
@@ -27,5 +29,9 @@ if __name__ == "__main__":
     folder = argv[argv.index("--checkpoint-dir") + 1] if "--checkpoint-dir" in argv else None
     if rank is not None:
         hook = CrashAfter(int(rank), int(step), folder)
+        train_cmd.run_training = functools.partial(train_cmd.run_training, hook=hook)
+    killed, writing = _pop(argv, "--kill-rank"), _pop(argv, "--kill-writing-step")
+    if killed is not None:
+        hook = KilledWhileWriting(int(killed), int(writing), folder)
         train_cmd.run_training = functools.partial(train_cmd.run_training, hook=hook)
     main(argv)

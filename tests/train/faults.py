@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -122,3 +123,31 @@ class InsideCollective(StepHook):
             os._exit(self.exit_code)
 
         return wrapper
+
+
+class KilledWhileWriting(StepHook):
+    """Rank ``rank`` is killed (SIGKILL) while it writes its checkpoint of ``step``, once.
+
+    The checkpoint's bytes are in its temporary file, not yet synced nor renamed into place: what
+    a kill, a power cut or an OOM kill leaves in the middle of a write. "Once": not when
+    ``marker_dir`` holds the marker this writes first.
+    """
+
+    def __init__(self, rank: int, step: int, marker_dir: str) -> None:
+        self.rank, self.step, self.marker_dir = rank, step, marker_dir
+
+    def started(self, rank: int, strategy) -> None:
+        import dssync.train.state as state
+
+        if rank != self.rank:
+            return
+        real = state.write_checkpoint
+
+        def write(folder, r, step, *args, **kwargs):
+            marker = Path(self.marker_dir) / f".killed-rank{r}"
+            if step == self.step and not marker.exists():
+                marker.write_text(f"killed while writing step {step}\n")
+                os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # mid-write
+            return real(folder, r, step, *args, **kwargs)
+
+        state.write_checkpoint = write

@@ -88,3 +88,30 @@ def test_survivors_raise_within_the_timeout(tmp_path, fault):
         "the partner of the lost rank must raise PeerLost naming it; survivors said "
         f"{[s['message'][:120] for s in seen.values()]}"
     )
+
+
+class _SlowAndKeep(InsideCollective):
+    """Rank FAULTY sleeps inside a collective; every rank keeps its strategy for the end."""
+
+    def started(self, rank: int, strategy) -> None:
+        self.strategy = strategy
+        super().started(rank, strategy)
+
+
+def _slowed_run(cfg: TrainConfig, hook: _SlowAndKeep) -> tuple[int, str]:
+    from dssync.train.summary import model_digest
+
+    summary = train_worker(cfg, hook)
+    return summary["steps"], model_digest(hook.strategy.module)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_stopped_for_less_than_the_timeout_does_not_stop_the_run(tmp_path):
+    """A worker stalled (like SIGSTOP) for 4 s inside a collective with timeout_s=30: the others
+    wait for it, the run ends normally, and every rank holds the same final model."""
+    cfg = TrainConfig(workload="digits", epochs=1, max_steps=20, timeout_s=30, progress=False)
+    hook = _SlowAndKeep(FAULTY, 4, "slow", sleep_s=4, log_dir=str(tmp_path))
+    out = spawn(_slowed_run, WORLD, args=(cfg, hook), timeout_s=200, collective_timeout_s=30)
+    assert (tmp_path / f"rank{FAULTY}.json").exists()  # the stall happened
+    assert [steps for steps, _ in out] == [20] * WORLD
+    assert len({digest for _, digest in out}) == 1

@@ -108,3 +108,30 @@ def test_torchrun_restarts_the_job_and_it_resumes(tmp_path, uninterrupted):
     assert resumed["resumed_from"] == 20  # crash after step 25, checkpoints every 10
     assert abs(resumed["final_accuracy"] - uninterrupted["final_accuracy"]) <= 0.02
     _same_run(uninterrupted, resumed)  # and on CPU it is in fact bit-for-bit
+
+
+@pytest.mark.timeout(240)
+def test_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(
+    tmp_path, uninterrupted
+):
+    """SIGKILL in the middle of rank 1's checkpoint of step 20: step 20 is on disk for rank 0
+    only (rank 1's bytes sit in a temporary file); the next run resumes from step 10, whole."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run.json"
+    cmd = [FAULT_CLI, "train", *DIGITS, "--checkpoint-dir", str(ckpt), *CKPT, "--resume",
+           "--timeout", "20", "--kill-rank", "1", "--kill-writing-step", "20",
+           "--json", str(out)]  # fmt: skip
+    r = run(cmd, module=None)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (ckpt / ".killed-rank1").exists()  # the kill happened, inside the write
+    assert sorted(p.name for p in ckpt.glob("rank*")) == [
+        "rank000-step000000010.ckpt",
+        "rank000-step000000020.ckpt",
+        "rank001-step000000010.ckpt",
+    ]
+    assert [p.name.startswith(".rank001-step000000020.ckpt.") for p in ckpt.glob("*.tmp")] == [True]
+    r = run(cmd, module=None)  # the same command again: the kill happens once per folder
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from step 10" in r.stderr
+    resumed = load(out)
+    assert resumed["resumed_from"] == 10
+    _same_run(uninterrupted, resumed)

@@ -6,8 +6,14 @@ step moves: the sync method (blocking and overlapped DS-Sync make different grou
 how pairs average (``pairs=``: groups made per pair or none), the model (names, shapes,
 dtypes), the schedule, the bucket size, buffers on or off, the frozen set and whether it is
 averaged, and the optimizer (on or off, its type, the shapes of its parameter groups). A
-mismatch raises :class:`~dssync.errors.UsageError` naming the odd rank and the fix, on every
-rank, before the first byte of parameter data moves.
+mismatch raises :class:`~dssync.errors.UsageError` on every rank, before the first byte of
+parameter data moves, naming what rank 0 has, what the odd rank has, and the fix.
+
+A rank that refuses the configuration by itself (a schedule that does not fit the world, such as
+``Shuffle(3)`` on 2 ranks) does not raise alone: its refusal travels with its values, so every
+rank raises the same error at once instead of waiting for a peer that left. The exchange waits
+at most ``timeout_s``; a rank that never comes is named in a
+:class:`~dssync.errors.PeerLost` (:mod:`dssync.comm.meta`).
 
 Example::
 
@@ -21,21 +27,25 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from dssync.comm.consensus import fingerprint_check, module_fingerprint
+from dssync.comm.consensus import agree, module_fingerprint
 from dssync.errors import UsageError
-from dssync.hashing import fingerprint
 
 
-def _hash(value: object) -> int:
-    return fingerprint(repr(value))
+def _show(value: object) -> str:
+    """What a rank shows the others of one setting (long values end in a fingerprint)."""
+    return value if isinstance(value, str) else repr(value)
+
+
+_hash = _show  # entries written as _hash(...) before values were shown, not hashed
 
 
 def check_module(module: nn.Module) -> None:
     """Refuse what DS-Sync cannot wrap: no process group yet, or a module already wrapped by DDP."""
     if not dist.is_initialized():
         raise UsageError(
-            "torch.distributed is not initialized; call dist.init_process_group() first, "
-            "or start the workers with `dssync train` or torchrun"
+            "torch.distributed is not initialized: call dist.init_process_group() in the script "
+            "before wrapping the model (torchrun starts the processes and sets the variables it "
+            "reads, but does not create the group), or run it under `dssync train`"
         )
     from torch.nn.parallel import DistributedDataParallel
 
@@ -57,18 +67,31 @@ def check_start(sync: Any) -> None:
         if opt is None
         else (type(opt).__name__, [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups])
     )
+    refusal, timeout_s = None, sync.timeout_s
+    if not timeout_s or timeout_s <= 0:
+        refusal = (
+            f"timeout_s={timeout_s!r} must be a positive number of seconds; the default is 120"
+        )
+        timeout_s = 120.0
+    try:  # a schedule that cannot fit this world refuses here, on this rank alone
+        schedule = f"{sync.schedule.describe()} #{sync.schedule.fingerprint(sync.world_size):x}"
+    except (UsageError, ValueError) as e:
+        schedule, refusal = sync.schedule.describe(), refusal or str(e)
+    numel = sum(t.numel() for _, t in named)
     values = {
-        "sync method": _hash(sync.name),
-        "pairs (exchange or all_reduce)": _hash(getattr(sync, "pairs", "exchange")),
-        "wire format": _hash(getattr(sync, "wire", "fp32")),
-        "model (parameter and buffer names, shapes, dtypes)": module_fingerprint(named),
-        "schedule": sync.schedule.fingerprint(sync.world_size),
-        "bucket_bytes": _hash(sync.bucket_bytes),
-        "average_buffers": _hash(sync.average_buffers),
-        "frozen parameters (requires_grad=False) and average_frozen": _hash(
+        "sync method": _show(sync.name),
+        "pairs (exchange or all_reduce)": _show(getattr(sync, "pairs", "exchange")),
+        "wire format": _show(getattr(sync, "wire", "fp32")),
+        "model (parameter and buffer names, shapes, dtypes)": (
+            f"{len(named)} tensors of {numel} elements #{module_fingerprint(named):x}"
+        ),
+        "schedule": schedule,
+        "bucket_bytes": _show(sync.bucket_bytes),
+        "average_buffers": _show(sync.average_buffers),
+        "frozen parameters (requires_grad=False) and average_frozen": _show(
             (frozen, sync.average_frozen)
         ),
-        "optimizer (given or not, its type and parameter shapes)": _hash(opt_layout),
+        "optimizer (given or not, its type and parameter shapes)": _show(opt_layout),
     }
     fixes = {
         "sync method": "wrap the model with the same sync method (class) on every rank",
@@ -81,9 +104,4 @@ def check_start(sync: Any) -> None:
         "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
         "optimizer (given or not, its type and parameter shapes)": "pass optimizer= on every rank or on none, built alike",
     }
-    try:
-        fingerprint_check(values, group=sync.process_group, fixes=fixes)
-    except UsageError:
-        raise
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    agree(values, sync.process_group, fixes, refusal, timeout_s)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -49,6 +50,7 @@ from dssync.comm.exchange import (
     collective_average,
     wait,
 )
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
 from dssync.comm.wire import Residuals, codec_for
 from dssync.errors import UsageError
@@ -117,6 +119,7 @@ class Router:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
         one = torch.zeros(1, device=device)
+        lend([one])
         work = dist.all_reduce(one, group=self.parent, async_op=True)
         members = list(range(self.size))
         wait(work, time.monotonic() + self.timeout_s, Tag(ALL, -1, 1), members, self.timeout_s)
@@ -142,7 +145,7 @@ class Router:
             if key not in self.groups and key not in self._elsewhere and key not in new:
                 new.append(key)
         for key in sorted(new):
-            pg = dist.new_group(list(key))
+            pg = dist.new_group(list(key), timeout=timedelta(seconds=self.timeout_s))
             self.created += 1
             if self.rank in key:
                 self.groups[key] = pg

@@ -9,14 +9,18 @@ in float64 (exact, and a diagnostic run at the end or every few epochs, not ever
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.meta import bounded, gather_objects
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
 from dssync.hashing import fingerprint
+
+DEFAULT_TIMEOUT_S = 120.0  # as dssync.comm.averager's
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
@@ -30,56 +34,97 @@ def flat_parameters(module: nn.Module) -> torch.Tensor:
     )
 
 
-def consensus_distance(module: nn.Module, group: dist.ProcessGroup | None = None) -> float:
+def consensus_distance(
+    module: nn.Module, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> float:
     """Mean over ranks of ||x_i - mean||^2 / ||mean||^2, where x_i is rank i's parameter vector.
 
     0 when every rank holds the same model. All ranks of ``group`` call this. Computed in float64
     on the host and exchanged on ``group``'s side group (two all_reduces: the sum of the vectors,
     then the sum of squared distances), so nothing but the parameters' bytes moves to the host.
+    Each waits at most ``timeout_s``.
     """
-    side = side_group(group)
+    side = side_group(group, timeout_s)
+    what = "the consensus distance"
     x = flat_parameters(module)
     n = dist.get_world_size(group)
     mean = x.clone()
-    dist.all_reduce(mean, group=side)
+    bounded(dist.all_reduce, mean, group=side, timeout_s=timeout_s, what=what)
     mean /= n
     d = torch.tensor([float(torch.sum((x - mean) ** 2))], dtype=torch.float64)
-    dist.all_reduce(d, group=side)
+    bounded(dist.all_reduce, d, group=side, timeout_s=timeout_s, what=what)
     return float(d) / n / max(float(torch.sum(mean**2)), 1e-30)
+
+
+def agree(
+    values: dict[str, Any],
+    group: dist.ProcessGroup | None = None,
+    fixes: dict[str, str] | None = None,
+    refusal: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    what: str = "the start-up agreement",
+) -> None:
+    """Every rank passes the same named values; else every rank raises the same UsageError.
+
+    ``values`` are short descriptions (a fingerprint is shown in hex); ``refusal`` is this
+    rank's own objection to the configuration (an error it would raise alone), told to the
+    others before anyone raises. One gather of small objects on ``group``'s side group, bounded
+    by ``timeout_s`` (PeerLost naming the ranks that never came). The error names, for each value
+    the ranks disagree on, what the reference rank (the majority, rank 0 on a tie) has and what
+    each odd rank has, then the fix; and each rank's refusal.
+    """
+    mine = ({k: _show(v) for k, v in values.items()}, refusal)
+    side = side_group(group, timeout_s)
+    everyone = gather_objects(mine, side, timeout_s, what)
+    problems = []
+    for name in sorted({k for shown, _ in everyone for k in shown}):
+        column = [shown.get(name, "(nothing)") for shown, _ in everyone]
+        if len(set(column)) > 1:
+            common = _majority(column)
+            ref, odd = column.index(common), _minority(column)
+            has = ", ".join(f"rank {r} has {column[r]}" for r in [ref, *odd[:3]])
+            fix = (fixes or {}).get(name, "")
+            problems.append(
+                f"ranks disagree on the {name}: ranks {odd} differ from rank {ref} ({has})"
+                + (f"; {fix}" if fix else "")
+            )
+    refused = [(r, text) for r, (_, text) in enumerate(everyone) if text]
+    if refused and len({text for _, text in refused}) == 1 and len(refused) == len(everyone):
+        problems.append(refused[0][1])  # every rank refused alike: its own message says it all
+    else:
+        problems += [f"rank {r} refused the configuration: {text}" for r, text in refused]
+    if problems:
+        raise UsageError(" | ".join(problems))
 
 
 def fingerprint_check(
     values: dict[str, int],
     group: dist.ProcessGroup | None = None,
     fixes: dict[str, str] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """All ranks pass the same named 63-bit fingerprints; raise UsageError naming the ranks that differ.
-
-    Cheap (one all_gather of a few int64 values on ``group``'s side group) and run once at
-    construction. Every rank raises the same error, naming the ranks outside the majority.
-    """
-    names = sorted(values)
-    mine = torch.tensor([values[k] for k in names], dtype=torch.int64)
-    n = dist.get_world_size(group)
-    gathered = [torch.zeros_like(mine) for _ in range(n)]
-    dist.all_gather(gathered, mine, group=side_group(group))
-    for i, name in enumerate(names):
-        column = [int(g[i]) for g in gathered]
-        if len(set(column)) > 1:
-            odd = _minority(column)
-            fix = (fixes or {}).get(name, "")
-            raise UsageError(
-                f"ranks disagree on the {name}: ranks {odd} differ from rank "
-                f"{column.index(_majority(column))}{'; ' + fix if fix else ''}"
-            )
+    """All ranks pass the same named 63-bit fingerprints; raise UsageError naming the ranks
+    that differ (:func:`agree` with fingerprints; bounded by ``timeout_s``)."""
+    agree(values, group, fixes, timeout_s=timeout_s, what="a fingerprint check")
 
 
-def _majority(column: list[int]) -> int:
+def _show(value: Any) -> str:
+    """A short description: text as it is, an integer fingerprint in hex, else its repr."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        text = repr(value)
+    else:
+        text = value if isinstance(value, str) else f"#{value & (2**64 - 1):x}"
+    if len(text) > 100:
+        text = f"{text[:70]}... #{fingerprint(text):x}"
+    return text
+
+
+def _majority(column: list[str]) -> str:
     """The most common value; on a tie, the one the lowest rank holds (rank 0 is the reference)."""
     return max(column, key=lambda v: (column.count(v), -column.index(v)))
 
 
-def _minority(column: list[int]) -> list[int]:
+def _minority(column: list[str]) -> list[int]:
     common = _majority(column)
     return [r for r, v in enumerate(column) if v != common]
 

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
 from dssync.errors import PeerLost
 
@@ -56,6 +57,9 @@ from dssync.errors import PeerLost
 # compromise: within 1.15x of all_reduce pairs on all three.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_WINDOW = 2  # chunks of a pair in their first phase at once
+# After a collective failed on a closed connection (not a timeout), the members still alive see
+# it fail within milliseconds: the roll call waits this long for their keys, not its full window.
+CLOSED_WINDOW_S = 1.0
 
 
 def swap_ops(
@@ -85,11 +89,15 @@ def wait(
     timeout_s: float,
     peers: list[int] | None = None,
     roll: RollCall | None = None,
+    what: str | None = None,
 ) -> None:
     """Wait for ``work`` until ``deadline`` (monotonic seconds); raise PeerLost if it fails.
 
     ``peers`` are the ranks this work waits on when known (an exchange); otherwise ``roll``, if
-    given, finds which ranks of ``group`` never reached this point.
+    given, finds which ranks of ``group`` never reached this point. The message says what the
+    wait was (``what``, else the tag), who was missing, and what happened after how long: a
+    wait that ran to its deadline met a peer silent past ``timeout_s``; one that failed sooner
+    met a closed connection (the peer exited or crashed).
     """
     if work is None:
         return
@@ -97,22 +105,37 @@ def wait(
     try:
         work.wait(timeout=timedelta(seconds=left))
     except (dist.DistError, RuntimeError) as e:
-        if peers is None and roll is not None:
-            peers = roll.missing(group, timeout_s, tag)
-        who = (
-            f"rank {peers[0]} never came"
-            if peers and len(peers) == 1
-            else (f"ranks {peers} never came" if peers else "some rank of the group never came")
-        )
-        if peers == []:
-            who = "every member reached it, yet it failed (a connection broke)"
+        waited = timeout_s - (deadline - time.monotonic())  # since the deadline was set
+        silent = time.monotonic() >= deadline - 0.05
+        if peers is None and roll is not None:  # after a closed connection the others are quick
+            peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S)
         raise PeerLost(
-            f"{tag.describe()} in group {group}: {who} within timeout_s={timeout_s:g} "
-            f"(stopped, crashed, or at another step); cause: {type(e).__name__}",
+            f"{what or tag.describe()} in group {group}: {lost(peers, silent, waited, timeout_s)}; "
+            f"cause: {type(e).__name__}",
             step=tag.step,
             group=group,
             ranks=peers,
         ) from e
+
+
+def lost(peers: list[int] | None, silent: bool, waited: float, timeout_s: float) -> str:
+    """Who was missing and what happened: silent past the timeout, or a connection closed."""
+    if peers == []:
+        return f"every member reached it, yet it failed after {waited:.1f} s (a connection broke)"
+    who = (
+        f"rank {peers[0]}"
+        if peers and len(peers) == 1
+        else (f"ranks {peers}" if peers else "some rank of the group")
+    )
+    if silent:
+        return (
+            f"{who} never came: silent for {waited:.1f} s, past timeout_s={timeout_s:g} "
+            "(stopped, hung, or at another step)"
+        )
+    return (
+        f"{who} never came: the connection closed after {waited:.1f} s of timeout_s="
+        f"{timeout_s:g} (it exited or crashed)"
+    )
 
 
 class RollCall:
@@ -125,22 +148,39 @@ class RollCall:
     process group: a timed-out gloo wait closes the connections of its group, and ranks reach
     the failure at different times (each at its own timeout), so a later member still sees the
     keys of the earlier ones. Nothing is made at construction; the store is the one the ranks
-    met through (``init_process_group``).
+    met through (``init_process_group``). A caller that calls :meth:`arrive` before the
+    collective may pass ``window_s=0``: every member that came has its key in already.
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, process_group: dist.ProcessGroup | None = None, window_s: float = 10.0
+    ) -> None:
         self.parent = process_group if process_group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.parent)
         self.store = dist.distributed_c10d._get_default_store()
+        self.window_s = window_s
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
 
-    def missing(self, group: list[int], timeout_s: float, tag: Tag) -> list[int] | None:
-        """Ranks of ``group`` that never reached this failure; None if the store cannot say."""
+    def _key(self, group: list[int], tag: Tag) -> str:
         ranks = [self._global(r) for r in group]
-        base = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
-        end = time.monotonic() + min(timeout_s, 10.0)
+        return f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+
+    def arrive(self, group: list[int], tag: Tag) -> None:
+        """Say, before the collective, that this rank came to it."""
+        self.store.set(f"{self._key(group, tag)}/{self._global(self.rank)}", "1")
+
+    def missing(
+        self, group: list[int], timeout_s: float, tag: Tag, window_s: float | None = None
+    ) -> list[int] | None:
+        """Ranks of ``group`` that never reached this failure; None if the store cannot say.
+
+        Waits for their keys at most ``window_s`` (default: the roll call's own)."""
+        ranks = [self._global(r) for r in group]
+        base = self._key(group, tag)
+        window = self.window_s if window_s is None else min(window_s, self.window_s)
+        end = time.monotonic() + min(timeout_s, window)
         try:
             self.store.set(f"{base}/{self._global(self.rank)}", "1")
             while True:
@@ -327,6 +367,7 @@ def collective_average(
     deadline = time.monotonic() + timeout_s
     device = buffers[0].device if buffers else torch.device("cpu")
     signed = tag.signed(device)
+    lend([signed, *buffers])
     works = [dist.all_reduce(signed, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
     for b in buffers:
         b.div_(len(group))
@@ -356,6 +397,7 @@ def broadcast_tensors(
         else dist.get_global_rank(process_group, src)
     )
     flats = pack(tensors)
+    lend(f for f, _ in flats)
     works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
     for w in works:
         wait(w, deadline, tag, members, timeout_s, roll=roll)

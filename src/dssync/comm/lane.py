@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.inflight import close_at_exit
 from dssync.comm.tags import Tag, layout_of
 from dssync.errors import PeerLost, UsageError
 from dssync.schedules.base import WHOLE, Part
@@ -105,8 +106,9 @@ class Lane:
     Every rank of ``process_group`` (default: the world) makes it at the same point (it creates
     a process group). ``groups`` lends the lane collectives made elsewhere, keyed by the sorted
     ranks of ``process_group`` they span; see the module docstring for when that is safe.
-    :meth:`close` stops the worker; a lane never closed stops with the interpreter (its worker
-    is a daemon thread, so a worker stuck in a wait never holds the process at exit).
+    :meth:`close` stops the worker; a lane never closed is closed at exit, before the
+    interpreter finalizes (:mod:`dssync.comm.inflight`); its worker is a daemon thread, so a
+    worker stuck in a wait holds the process at most ``timeout_s`` plus a grace period.
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class Lane:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker = threading.Thread(target=self._serve, name="dssync-lane", daemon=True)
         self._worker.start()
+        close_at_exit(self)  # a worker mid-average when the interpreter finalizes would abort it
 
     def start(
         self,

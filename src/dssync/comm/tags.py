@@ -32,13 +32,14 @@ import torch
 from dssync.errors import SyncError
 from dssync.hashing import fingerprint
 
-STEP, ALL, AVERAGER, BROADCAST, PROBE = 1, 2, 3, 4, 5
+STEP, ALL, AVERAGER, BROADCAST, PROBE, META = 1, 2, 3, 4, 5, 7
 KIND_NAMES = {
     STEP: "a schedule step",
     ALL: "average_all()",
     AVERAGER: "GroupAverager",
     BROADCAST: "the start-up broadcast",
     PROBE: "the bandwidth probe",
+    META: "an exchange of metadata",
 }
 
 

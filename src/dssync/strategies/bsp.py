@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dssync.comm.align import align_rest
 from dssync.strategies.base import Strategy
 
 
@@ -89,7 +90,8 @@ class BSP(Strategy):
         return super().take_sync_time() + covered(_seconds(spans))
 
     def average_all(self) -> None:
-        """Nothing to do: DDP keeps every rank's parameters identical."""
+        """DDP keeps the parameters identical; buffers follow rank 0 (as DDP's broadcast does)."""
+        align_rest(self.module, self.module.parameters(), self.process_group)
 
 
 def _mark(device: torch.device) -> object:

@@ -19,6 +19,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.agreement import check_module, check_start
+from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
@@ -114,7 +115,6 @@ class DSSync(Strategy, Joinable):
         self.steps = 0
         self.pairs = pairs
         self.wire = codec_for(wire).name  # an unknown format is refused here, with the list
-        self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
@@ -193,6 +193,7 @@ class DSSync(Strategy, Joinable):
         """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
         with SyncTimer(self):
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
+            align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)
 
     def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
         """Average buckets and optimizer state (``part`` of them) with ``group``."""

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
+from dssync.comm.align import align_rest
 from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors, swap_ops
 from dssync.comm.tags import ALL
@@ -119,6 +120,7 @@ class DPSGD(Strategy):
             if self.world_size > 1:
                 everyone = list(range(self.world_size))
                 self.router.average(everyone, ALL, self.steps, buffers=self._buckets.buffers)
+                align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps}

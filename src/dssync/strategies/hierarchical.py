@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors, wait
+from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag
 from dssync.errors import UsageError
 from dssync.strategies.base import Strategy, SyncTimer
@@ -99,7 +102,8 @@ class Hierarchical(Strategy):
         return r if self.parent is dist.group.WORLD else dist.get_global_rank(self.parent, r)
 
     def _new_group(self, ranks: list[int]) -> dist.ProcessGroup:
-        return dist.new_group([self._global(r) for r in ranks])
+        timeout = timedelta(seconds=self.timeout_s)
+        return dist.new_group([self._global(r) for r in ranks], timeout=timeout)
 
     @torch.no_grad()
     def after_backward(self) -> None:
@@ -125,6 +129,7 @@ class Hierarchical(Strategy):
         """Leave the sum over all ranks of ``flat`` in ``flat`` on every rank (all ranks call)."""
         deadline = time.monotonic() + self.timeout_s
         tag, members = Tag(ALL, self.steps, flat.numel()), list(range(self.world_size))
+        lend([flat])
 
         def done(work) -> None:
             wait(work, deadline, tag, members, self.timeout_s)
@@ -139,5 +144,13 @@ class Hierarchical(Strategy):
         if self._local is not None:
             done(dist.broadcast(flat, src=self.leader, group=self._local, async_op=True))
 
+    @torch.no_grad()
     def average_all(self) -> None:
-        """Nothing to do: every rank applies the same mean gradient."""
+        """Parameters are alike (every rank applies the same mean gradient): the floating
+        buffers are averaged once more (a forward since the last step moved them), and the
+        rest follows rank 0."""
+        with SyncTimer(self):
+            if self._buffers:
+                self.router.average(range(self.world_size), ALL, self.steps, tensors=self._buffers)
+            averaged = [*self.module.parameters(), *self._buffers]
+            align_rest(self.module, averaged, self.process_group, self.timeout_s)

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
+from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
 from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.tags import ALL
@@ -66,6 +67,9 @@ class LocalSGD(Strategy):
         with SyncTimer(self):
             self.router.average(
                 range(self.world_size), ALL, self.steps, buffers=self._buckets.buffers
+            )
+            align_rest(
+                self.module, self._buckets.tensors, self.process_group, self.router.timeout_s
             )
 
     def state_dict(self) -> dict:

@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
 from dssync.errors import PeerLost, SyncError, UsageError
@@ -232,6 +233,12 @@ class ParameterServer(Strategy):
                 average_tensors(
                     buffers, self.process_group, self.world_size, timeout_s=self.timeout_s
                 )
+            align_rest(
+                self.module,
+                [*self.module.parameters(), *buffers],
+                self.process_group,
+                self.timeout_s,
+            )
 
     def _final(self) -> None:
         """Ask the server, every POLL_S, whether every worker has finished; then take the master."""

@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
 from dssync.errors import PeerLost, SyncError, UsageError
@@ -235,6 +236,7 @@ class AsyncDSSync(Strategy):
                 average_tensors(
                     self.tensors, self.process_group, self.world_size, timeout_s=self.timeout_s
                 )
+                align_rest(self.module, self.tensors, self.process_group, self.timeout_s)
 
     def state_dict(self) -> dict[str, Any]:
         if self.server is not None:

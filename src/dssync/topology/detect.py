@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from dssync.comm.meta import bounded
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
 from dssync.topology.model import Topology
@@ -65,7 +66,10 @@ def detect(
         return from_env()
     mine = torch.tensor([_host_key(), int(os.environ.get("DSSYNC_RACK", -1))], dtype=torch.int64)
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=side_group(group))
+    side = side_group(group, timeout_s)
+    bounded(
+        dist.all_gather, gathered, mine, group=side, timeout_s=timeout_s, what="topology detection"
+    )
     hosts = _renumber([int(g[0]) for g in gathered])
     racks_raw = [int(g[1]) for g in gathered]
     racks = (0,) * len(hosts) if all(k < 0 for k in racks_raw) else _renumber(racks_raw)
