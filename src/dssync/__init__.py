@@ -35,19 +35,18 @@ from dssync.schedules import (
 )
 from dssync.strategies import (
     BSP,
-    AdaptiveDSSync,
     AsyncDSSync,
     DSSync,
     Hierarchical,
     LocalSGD,
     Strategy,
+    nesterov,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BSP",
-    "AdaptiveDSSync",
     "AsyncDSSync",
     "Bipartite",
     "Butterfly",
@@ -63,5 +62,6 @@ __all__ = [
     "TopologyAware",
     "consensus_distance",
     "mixing_matrix",
+    "nesterov",
     "spectral_gap",
 ]

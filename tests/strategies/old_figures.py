@@ -4,9 +4,9 @@ Each case trains a tiny model (batch norm included) for ``STEPS`` steps on 3 or 
 fixed seeds and records, per rank, the sha256 of every parameter, buffer and momentum buffer
 after the steps and again after ``average_all()``. ``old_classes.json`` was written by this
 file's ``main()`` with the old classes (``AdaptiveDSSync``, ``OverlapDSSync``,
-``TopoOverlapDSSync``, ``DSSync``) at the commit that added it; :func:`build` now makes the same
-runs from the options of the one ``DSSync``, and ``test_old_figures.py`` checks they match bit
-for bit.
+``TopoOverlapDSSync``, ``DSSync``) at the commit that added it (see git history); :func:`build`
+now makes the same runs from the options of the one ``DSSync``, and ``test_old_figures.py``
+checks they match bit for bit.
 
 Regenerate (only to record a deliberate change of results)::
 
@@ -37,10 +37,13 @@ CASES = {
 
 
 def build(case: str, model: nn.Module, opt: torch.optim.Optimizer):
-    """The strategy of ``case`` (the old classes, as they were when the fixture was written)."""
+    """The strategy of ``case``: the old class's run, made from the one DSSync's options.
+
+    When the fixture was written these were ``DSSync`` (the first two), ``AdaptiveDSSync(model,
+    topo, replan_every=4, min_signal_s=10.0)``, ``OverlapDSSync(model, schedule=Shuffle(2,
+    seed=3))`` and ``TopoOverlapDSSync(model, topo)``, each with ``optimizer=opt``.
+    """
     from dssync import DSSync, Shuffle
-    from dssync.strategies.adaptive import AdaptiveDSSync
-    from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
     from dssync.topology import Topology
 
     topo = Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1))
@@ -49,11 +52,13 @@ def build(case: str, model: nn.Module, opt: torch.optim.Optimizer):
     if case == "dssync-odd":
         return DSSync(model, schedule=Shuffle(2, seed=2, uneven=True), optimizer=opt)
     if case == "adaptive":  # timings never exceed 10 s: the re-plan is deterministic
-        return AdaptiveDSSync(model, topo, replan_every=4, min_signal_s=10.0, optimizer=opt)
+        sync = DSSync(model, topology=topo, replan=4, optimizer=opt)
+        sync.replanner.min_signal_s = 10.0
+        return sync
     if case == "overlap":
-        return OverlapDSSync(model, schedule=Shuffle(2, seed=3), optimizer=opt)
+        return DSSync(model, schedule=Shuffle(2, seed=3), overlap=True, optimizer=opt)
     if case == "topo-overlap":
-        return TopoOverlapDSSync(model, topo, optimizer=opt)
+        return DSSync(model, topology=topo, overlap=True, optimizer=opt)
     raise ValueError(case)
 
 
