@@ -145,7 +145,7 @@ def run(
         strategy.model(x).backward()
         strategy.after_backward()
         optimizer.step()
-        strategy.after_step()
+        strategy.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             schedule="shuffle",
             group_size=2,
             repeat=a.repeat,
-            replan_every=a.repeat,
+            replan=a.repeat if get_method(a.method).options.get("replan") else None,
             seed=0,
             timeout_s=a.timeout,
             device=a.device,

@@ -229,8 +229,6 @@ class DSSync(Strategy, Joinable):
             )
         self._step()
 
-    after_step = step
-
     def _step(self) -> None:
         self.steps += 1
         if self.steps % self.every == 0:

@@ -23,7 +23,7 @@ class LocalSGD(Strategy):
 
         strategy = LocalSGD(model, period=4)
         ...
-        optimizer.step(); strategy.after_step()
+        optimizer.step(); strategy.step()
     """
 
     name = "local-sgd"
@@ -56,7 +56,7 @@ class LocalSGD(Strategy):
             )
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         self.steps += 1
         if self.steps % self.period == 0:
             self.average_all()

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
 from dssync.comm.side import side_group
+from dssync.methods import DEFAULT_WINDOW
 from dssync.topology import Topology, detect
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
@@ -64,7 +65,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
-    choice = choose(topo, params, compute_s, repeat=cfg.replan_every)
+    choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW)
     return Decision(choice.method, choice.reason, compute_s, topo)
 
 
