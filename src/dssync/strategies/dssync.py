@@ -58,7 +58,7 @@ class DSSync(Strategy, Joinable):
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
             tensors are re-laid into flat buckets).
         schedule: which ranks average together at each averaging (default: random pairs; at an
-            odd world size one group of three each time).
+            odd world size a pair and a rank alone, shuffled each time).
         process_group: the ranks taking part (default: all); schedule ranks are ranks of it.
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         topology: hosts and racks of the ranks (:class:`~dssync.topology.Topology`): the schedule
