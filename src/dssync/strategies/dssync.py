@@ -356,7 +356,8 @@ class DSSync(Strategy, Joinable):
         if state.get("schedule") != self._planned:
             raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
-                f"{self._planned}; resume with the same --schedule, --group-size and --seed"
+                f"{self._planned}; resume with the same --schedule, --group-size, --seed and "
+                "--replan (for a topology-aware plan, the same hosts and racks)"
             )
         for key, on in (
             ("outer", self.outer),
