@@ -402,6 +402,13 @@ def configure(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, **method.settings, **filled)
 
 
+def for_method(cfg: TrainConfig, name: str) -> TrainConfig:
+    """``cfg`` for method ``name``, leaving out the options it does not take (``compare`` runs
+    several methods with one set of options: ``--every 4`` reaches dssync and local-sgd, not bsp)."""
+    takes = get_method(name).takes
+    return replace(cfg, sync=name, **{k: None for k in OPTIONS if k not in takes})
+
+
 def build_strategy(
     cfg: TrainConfig,
     module: nn.Module,
