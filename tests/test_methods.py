@@ -141,3 +141,19 @@ def test_an_option_the_method_does_not_take_is_refused_naming_who_does():
     assert "dssync" in str(e.value)
     with pytest.raises(UsageError, match="local-sgd does not take --outer"):
         configure(TrainConfig(sync="local-sgd", outer="nesterov"))
+
+
+def test_every_default_list_of_methods_names_methods_of_the_table():
+    """The commands' default subsets are names from the one table (plan.cost's are model labels)."""
+    from dssync.experiments.cluster_bench import BLOCKING
+    from dssync.experiments.cluster_bench import METHODS as BENCH
+    from dssync.experiments.straggler import DEFAULT_METHODS as STRAGGLER
+    from dssync.methods import DEFAULT_METHODS, get_method
+    from dssync.plan.local import METHODS as LOCAL
+    from dssync.plan.validate import BENCH_METHODS
+
+    for name in (*BENCH, *STRAGGLER, *DEFAULT_METHODS, *LOCAL, *BENCH_METHODS, *BLOCKING):
+        get_method(name)  # raises UsageError for a name the table does not know
+    for overlapped, blocking in BLOCKING.items():
+        assert get_method(overlapped).options.get("overlap") is True
+        assert not get_method(blocking).options.get("overlap")
