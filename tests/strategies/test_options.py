@@ -127,6 +127,26 @@ def test_every_averages_after_every_hth_step_only():
         assert changed == [3, 6] and averagings == 2
 
 
+def _outer_rate_one(outer: bool) -> list[torch.Tensor]:
+    rank = dist.get_rank()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    plain = nesterov(lr=1.0, momentum=0.0) if outer else None
+    sync = DSSync(model, schedule=Shuffle(2, seed=5), every=2, outer=plain)
+    for step in range(8):
+        _inner_step(model, opt, rank, step)
+        sync.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_outer_sgd_at_rate_one_without_momentum_is_plain_local_steps():
+    with_outer = spawn(_outer_rate_one, 4, args=(True,), timeout_s=120)
+    without = spawn(_outer_rate_one, 4, args=(False,), timeout_s=120)
+    for a, b in zip(with_outer, without, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
 def _default_schedule_odd_world() -> list[int]:
     sync = DSSync(nn.Linear(3, 2))
     for _ in range(3):

@@ -39,13 +39,15 @@ OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 def nesterov(lr: float = 0.7, momentum: float = 0.9) -> OuterFactory:
     """DiLoCo's outer optimizer: SGD with Nesterov momentum (lr 0.7, momentum 0.9 by default).
 
+    ``nesterov(lr=1.0, momentum=0.0)`` is plain SGD at rate 1: plain DS-Sync with local steps.
+
     Example::
 
         sync = DSSync(model, schedule=Global(), every=500, outer=nesterov())
     """
 
     def make(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     make.describe = f"nesterov(lr={lr}, momentum={momentum})"  # type: ignore[attr-defined]
     return make
