@@ -5,14 +5,19 @@ from a :class:`~dssync.train.TrainConfig`, a module and its optimizer, and what 
 job beyond that (the topology; measured link rates). ``dssync train --sync``, ``dssync compare
 --methods``, ``dssync bench --method`` and ``dssync bench-straggler --methods`` all read it.
 
-To add a method, write its strategy (one file in ``strategies/``), a builder here, and one
-:class:`Method` line in ``_TABLE`` below.
+Every DS-Sync method is a preset: a dict of the one :class:`~dssync.strategies.DSSync`'s options
+(``{"plan": "topology", "replan": 8, "every": 4}``), kept as data in ``_TABLE``; a user's
+``--every``, ``--outer``, ``--overlap`` and ``--replan`` override a preset's values, so a
+combination needs no name. To add a DS-Sync variant, add one :func:`preset` line; to add another
+method, write its strategy (one file in ``strategies/``), a builder here, and one
+:class:`Method` line.
 
 Example::
 
     from dssync.methods import build_strategy, get_method
 
     get_method("ddp").name                                # "bsp" (an alias)
+    get_method("diloco").options      # {"plan": "global", "every": 4, "outer": "nesterov"}
     strategy = build_strategy(cfg, model, optimizer)      # cfg.sync names the method
 """
 
