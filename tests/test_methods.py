@@ -74,7 +74,7 @@ def _builds() -> dict[str, tuple[str, str]]:
         if isinstance(s, DSSync) and (s.every > 1 or s.outer is not None or s.overlap):
             extra += f" every {s.every} outer {s.outer is not None} overlap {s.overlap}"
         if isinstance(s, LocalSGD):
-            extra += f"period {s.period}"
+            extra += f"every {s.every}"
         if isinstance(s, ParameterServer):
             extra += f"staleness {s.staleness}"
         if isinstance(s, DSSync) and isinstance(schedule, Shuffle):
@@ -86,7 +86,7 @@ def _builds() -> dict[str, tuple[str, str]]:
 def test_builders_build_the_named_strategy_with_the_config():
     built = spawn(_builds, 2, timeout_s=120)[0]
     assert built["bsp"] == built["ddp"] == (BSP.__name__, "")
-    assert built["local-sgd"] == (LocalSGD.__name__, "period 4")
+    assert built["local-sgd"] == (LocalSGD.__name__, "every 4")
     assert built["dssync"] == (DSSync.__name__, "Shuffle repeat 4")
     assert built["dssync-static"] == (DSSync.__name__, Static.__name__)
     assert built["hierarchical"] == (Hierarchical.__name__, " topology given: True")

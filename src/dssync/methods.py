@@ -159,7 +159,7 @@ def _bsp(
 def _local_sgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    return LocalSGD(module, period=cfg.every or 1, bucket_bytes=_bucket_bytes(cfg))
+    return LocalSGD(module, every=cfg.every or 1, bucket_bytes=_bucket_bytes(cfg))
 
 
 def _hierarchical(

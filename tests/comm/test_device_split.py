@@ -147,7 +147,7 @@ def case_local_sgd() -> float:
     from dssync import LocalSGD
 
     model = _model()
-    _train(LocalSGD(model, period=2))
+    _train(LocalSGD(model, every=2))
     return _checksum(model)
 
 
