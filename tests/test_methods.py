@@ -157,3 +157,13 @@ def test_every_default_list_of_methods_names_methods_of_the_table():
     for overlapped, blocking in BLOCKING.items():
         assert get_method(overlapped).options.get("overlap") is True
         assert not get_method(blocking).options.get("overlap")
+
+
+def test_auto_passes_the_options_given_to_the_method_it_chooses():
+    from dssync.methods import configure, for_method
+
+    given = configure(TrainConfig(sync="auto", every=4))
+    assert (given.every, given.replan) == (4, None)  # nothing filled before the choice
+    chosen = configure(for_method(given, "dssync-topo"))
+    assert (chosen.every, chosen.replan) == (4, 8)  # the chosen preset fills the rest
+    assert configure(for_method(given, "bsp")).every is None

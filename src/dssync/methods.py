@@ -216,7 +216,7 @@ def _auto(
         topology = detect(probe=True, timeout_s=cfg.timeout_s)
     params = sum(p.numel() for p in module.parameters())
     chosen = choose(topology, params, compute_s=0.0, repeat=cfg.replan or DEFAULT_WINDOW).method
-    return get_method(chosen).build(configure(replace(cfg, sync=chosen)), module, opt, topology)
+    return get_method(chosen).build(configure(for_method(cfg, chosen)), module, opt, topology)
 
 
 _TOPO = frozenset({TOPOLOGY})
@@ -337,6 +337,7 @@ _TABLE = [
         "the method the planner predicts fastest here, from a link probe and the measured compute",
         _auto,
         needs=_TOPO_RATES,
+        takes=frozenset(OPTIONS),  # passed on to the chosen method where it takes them
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),
@@ -402,8 +403,8 @@ def configure(cfg: TrainConfig) -> TrainConfig:
     filled = {
         k: method.options.get(k, default)
         for k, default in OPTIONS.items()
-        if k in method.takes and getattr(cfg, k) is None
-    }
+        if k in method.takes and getattr(cfg, k) is None and method.build is not _auto
+    }  # auto passes on only what was given: the chosen method's preset fills the rest
     return replace(cfg, **method.settings, **filled)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
 from dssync.comm.side import side_group
-from dssync.methods import DEFAULT_WINDOW
+from dssync.methods import DEFAULT_WINDOW, for_method
 from dssync.topology import Topology, detect
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
@@ -72,8 +72,9 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
 def resolve(
     cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device
 ) -> tuple[TrainConfig, Decision | None]:
-    """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is)."""
+    """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
+    options given (``--every`` etc.) reach the chosen method if it takes them."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
-    return replace(cfg, sync=decision.method), decision
+    return for_method(cfg, decision.method), decision
