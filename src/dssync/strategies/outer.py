@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,21 +37,29 @@ import torch
 OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
+@dataclass(frozen=True)
+class Nesterov:
+    """A picklable factory of DiLoCo's outer optimizer (made by :func:`nesterov`)."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def __call__(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        nesterov = self.momentum > 0
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, nesterov=nesterov)
+
+
 def nesterov(lr: float = 0.7, momentum: float = 0.9) -> OuterFactory:
     """DiLoCo's outer optimizer: SGD with Nesterov momentum (lr 0.7, momentum 0.9 by default).
 
     ``nesterov(lr=1.0, momentum=0.0)`` is plain SGD at rate 1: plain DS-Sync with local steps.
+    The factory pickles (spawned workers, Lightning's strategies may carry it).
 
     Example::
 
         sync = DSSync(model, schedule=Global(), every=500, outer=nesterov())
     """
-
-    def make(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0)
-
-    make.describe = f"nesterov(lr={lr}, momentum={momentum})"  # type: ignore[attr-defined]
-    return make
+    return Nesterov(lr, momentum)
 
 
 class Outer:
