@@ -18,7 +18,7 @@ from dssync.methods import (
     parse_methods,
 )
 from dssync.schedules import Shuffle, Static
-from dssync.strategies import BSP, AdaptiveDSSync, DSSync, Hierarchical, LocalSGD
+from dssync.strategies import BSP, DSSync, Hierarchical, LocalSGD
 from dssync.strategies.ps import ParameterServer
 from dssync.topology import Topology
 from dssync.train.config import TrainConfig
@@ -62,14 +62,19 @@ def _builds() -> dict[str, tuple[str, str]]:
     for name in choices():
         module = nn.Linear(3, 2)
         opt = torch.optim.SGD(module.parameters(), lr=0.1)
-        cfg = TrainConfig(sync=name, repeat=4, replan_every=4, timeout_s=30)
+        cfg = TrainConfig(sync=name, repeat=4, timeout_s=30)
         s = build_strategy(cfg, module, opt, topology=topo)
         schedule = getattr(s, "schedule", None)
         extra = type(schedule).__name__ if schedule is not None else ""
-        if isinstance(s, Hierarchical | AdaptiveDSSync):
+        if isinstance(s, Hierarchical):
             extra += f" topology given: {s.topology.hosts == topo.hosts}"
-        if isinstance(s, AdaptiveDSSync):
-            extra += f" replan every {s.replan_every}"
+        if isinstance(s, DSSync) and s.replanner is not None:
+            extra += f" topology given: {s.replanner.topology.hosts == topo.hosts}"
+            extra += f" replan every {s.replan}"
+        if isinstance(s, DSSync) and (s.every > 1 or s.outer is not None or s.overlap):
+            extra += f" every {s.every} outer {s.outer is not None} overlap {s.overlap}"
+        if isinstance(s, LocalSGD):
+            extra += f"every {s.every}"
         if isinstance(s, ParameterServer):
             extra += f"staleness {s.staleness}"
         if isinstance(s, DSSync) and isinstance(schedule, Shuffle):
@@ -81,12 +86,18 @@ def _builds() -> dict[str, tuple[str, str]]:
 def test_builders_build_the_named_strategy_with_the_config():
     built = spawn(_builds, 2, timeout_s=120)[0]
     assert built["bsp"] == built["ddp"] == (BSP.__name__, "")
-    assert built["local-sgd"][0] == LocalSGD.__name__
+    assert built["local-sgd"] == (LocalSGD.__name__, "every 4")
     assert built["dssync"] == (DSSync.__name__, "Shuffle repeat 4")
     assert built["dssync-static"] == (DSSync.__name__, Static.__name__)
     assert built["hierarchical"] == (Hierarchical.__name__, " topology given: True")
-    assert built["dssync-topo"][0] == AdaptiveDSSync.__name__
-    assert built["dssync-topo"][1].endswith("topology given: True replan every 4")
+    assert built["dssync-topo"][0] == DSSync.__name__
+    assert built["dssync-topo"][1].endswith("topology given: True replan every 8")
+    assert built["dssync-topo-local"][1].endswith(
+        "replan every 8 every 4 outer False overlap False"
+    )
+    assert "every 1 outer False overlap True" in built["dssync-overlap"][1]
+    assert built["diloco"] == (DSSync.__name__, "Global every 4 outer True overlap False")
+    assert "every 4 outer True overlap False" in built["dssync-local"][1]
     assert built["asp"] == (ParameterServer.__name__, "staleness None")
     assert built["ssp"] == (ParameterServer.__name__, "staleness 2")  # TrainConfig's default
 
@@ -107,3 +118,52 @@ def test_every_command_reports_an_unknown_method_the_same_way(args, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: unknown method 'telepathy'; choose from {', '.join(choices())}"]
+
+
+def test_a_preset_fills_its_options_and_the_user_overrides_them():
+    from dssync.methods import configure
+
+    topo = configure(TrainConfig(sync="dssync-topo"))
+    assert (topo.every, topo.replan, topo.overlap, topo.outer) == (1, 8, False, "none")
+    mine = configure(TrainConfig(sync="dssync-topo", every=4, replan=16))
+    assert (mine.every, mine.replan) == (4, 16)
+    assert configure(TrainConfig(sync="diloco")).outer == "nesterov"
+    assert configure(TrainConfig(sync="local-sgd", every=8)).every == 8
+    assert configure(TrainConfig(sync="bsp")).every is None  # bsp takes no option
+
+
+def test_an_option_the_method_does_not_take_is_refused_naming_who_does():
+    from dssync.errors import UsageError
+    from dssync.methods import configure
+
+    with pytest.raises(UsageError, match="bsp does not take --every.*local-sgd") as e:
+        configure(TrainConfig(sync="bsp", every=4))
+    assert "dssync" in str(e.value)
+    with pytest.raises(UsageError, match="local-sgd does not take --outer"):
+        configure(TrainConfig(sync="local-sgd", outer="nesterov"))
+
+
+def test_every_default_list_of_methods_names_methods_of_the_table():
+    """The commands' default subsets are names from the one table (plan.cost's are model labels)."""
+    from dssync.experiments.cluster_bench import BLOCKING
+    from dssync.experiments.cluster_bench import METHODS as BENCH
+    from dssync.experiments.straggler import DEFAULT_METHODS as STRAGGLER
+    from dssync.methods import DEFAULT_METHODS, get_method
+    from dssync.plan.local import METHODS as LOCAL
+    from dssync.plan.validate import BENCH_METHODS
+
+    for name in (*BENCH, *STRAGGLER, *DEFAULT_METHODS, *LOCAL, *BENCH_METHODS, *BLOCKING):
+        get_method(name)  # raises UsageError for a name the table does not know
+    for overlapped, blocking in BLOCKING.items():
+        assert get_method(overlapped).options.get("overlap") is True
+        assert not get_method(blocking).options.get("overlap")
+
+
+def test_auto_passes_the_options_given_to_the_method_it_chooses():
+    from dssync.methods import configure, for_method
+
+    given = configure(TrainConfig(sync="auto", every=4))
+    assert (given.every, given.replan) == (4, None)  # nothing filled before the choice
+    chosen = configure(for_method(given, "dssync-topo"))
+    assert (chosen.every, chosen.replan) == (4, 8)  # the chosen preset fills the rest
+    assert configure(for_method(given, "bsp")).every is None

@@ -38,12 +38,12 @@ from dssync.schedules import (
 )
 from dssync.strategies import (
     BSP,
-    AdaptiveDSSync,
     AsyncDSSync,
     DSSync,
     Hierarchical,
     LocalSGD,
     Strategy,
+    nesterov,
 )
 from dssync.topology import detect
 
@@ -51,7 +51,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BSP",
-    "AdaptiveDSSync",
     "AsyncDSSync",
     "Butterfly",
     "DSSync",
@@ -71,6 +70,7 @@ __all__ = [
     "consensus_distance",
     "detect",
     "mixing_matrix",
+    "nesterov",
     "plan_topology_aware",
     "spectral_gap",
 ]

@@ -15,8 +15,10 @@ import torch
 from accelerate import Accelerator, DistributedType
 from torch import nn
 
-from dssync import DSSync, Schedule, Shuffle
+from dssync import DSSync, Schedule
 from dssync.errors import UsageError
+from dssync.strategies.outer import OuterFactory
+from dssync.topology import Topology
 
 _SHARDED = {
     DistributedType.DEEPSPEED,
@@ -32,9 +34,11 @@ class DSSyncLocal:
     Args:
         accelerator: the ``Accelerator`` that prepared ``model``.
         model: the prepared model (wrapped in DDP when there are several processes).
-        schedule: which ranks average together at each step (default ``Shuffle(2)``).
+        schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         enabled: ``False`` leaves DDP as it is and makes :meth:`step` do nothing.
+        topology, replan, overlap, every, outer: :class:`dssync.DSSync`'s options, the same
+            names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups).
 
     Example (``torchrun --nproc-per-node 2 train.py``; ``Accelerator(cpu=True)`` on CPUs)::
 
@@ -55,6 +59,12 @@ class DSSyncLocal:
         schedule: Schedule | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         enabled: bool = True,
+        *,
+        topology: Topology | None = None,
+        replan: int = 0,
+        overlap: bool = False,
+        every: int = 1,
+        outer: OuterFactory | None = None,
     ) -> None:
         if accelerator.distributed_type in _SHARDED:
             raise UsageError(
@@ -75,14 +85,19 @@ class DSSyncLocal:
             inner = getattr(optimizer, "optimizer", optimizer)  # an AcceleratedOptimizer's own
             self.sync = DSSync(
                 accelerator.unwrap_model(model),
-                schedule=schedule if schedule is not None else Shuffle(2),
+                schedule=schedule,
                 optimizer=inner,
+                topology=topology,
+                replan=replan,
+                overlap=overlap,
+                every=every,
+                outer=outer,
             )
         self._no_sync: AbstractContextManager | None = None
 
     @property
     def steps(self) -> int:
-        """Optimizer steps averaged so far (the schedule's step)."""
+        """Optimizer steps counted so far (``self.sync.averagings`` counts averagings)."""
         return self.sync.steps if self.sync is not None else 0
 
     def __enter__(self) -> DSSyncLocal:

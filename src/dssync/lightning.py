@@ -20,8 +20,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.optim import Optimizer
 
-from dssync import DSSync, Schedule, Shuffle
+from dssync import DSSync, Schedule
 from dssync.errors import UsageError
+from dssync.strategies.outer import OuterFactory
+from dssync.topology import Topology
 
 
 class DSSyncStrategy(DDPStrategy):
@@ -30,10 +32,12 @@ class DSSyncStrategy(DDPStrategy):
     The module is not wrapped in ``DistributedDataParallel``: gradients stay on their rank.
 
     Args:
-        schedule: which ranks average together at each optimizer step (default ``Shuffle(2)``).
+        schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
         average_buffers: also average floating buffers such as batch-norm statistics.
         average_optimizer_state: also average the optimizer's floating state (momentum, Adam
             moments); needs exactly one optimizer. Checkpoints then resume every rank exactly.
+        topology, replan, overlap, every, outer: :class:`dssync.DSSync`'s options, the same
+            names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups).
         **kwargs: DDPStrategy's own settings (``process_group_backend``, ``timeout``,
             ``start_method``, ...); DistributedDataParallel's options are refused.
 
@@ -48,6 +52,7 @@ class DSSyncStrategy(DDPStrategy):
         from dssync import Shuffle
         from dssync.lightning import DSSyncStrategy
         trainer = L.Trainer(strategy=DSSyncStrategy(Shuffle(4, seed=1)), devices=8)
+        trainer = L.Trainer(strategy=DSSyncStrategy(every=4, outer=dssync.nesterov()), devices=8)
     """
 
     name = "dssync"
@@ -57,6 +62,12 @@ class DSSyncStrategy(DDPStrategy):
         schedule: Schedule | None = None,
         average_buffers: bool = True,
         average_optimizer_state: bool = False,
+        *,
+        topology: Topology | None = None,
+        replan: int = 0,
+        overlap: bool = False,
+        every: int = 1,
+        outer: OuterFactory | None = None,
         **kwargs: Any,
     ) -> None:
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -73,7 +84,14 @@ class DSSyncStrategy(DDPStrategy):
                 f"DSSyncStrategy has no DistributedDataParallel wrapper, so these DDP options do "
                 f"nothing: {', '.join(given)}; drop them, or use DDPStrategy"
             )
-        self.schedule = schedule if schedule is not None else Shuffle(2)
+        self.schedule = schedule
+        self.options = {
+            "topology": topology,
+            "replan": replan,
+            "overlap": overlap,
+            "every": every,
+            "outer": outer,
+        }
         self.average_buffers = average_buffers
         self.average_optimizer_state = average_optimizer_state
         self.sync: DSSync | None = None
@@ -103,6 +121,7 @@ class DSSyncStrategy(DDPStrategy):
             average_buffers=self.average_buffers,
             optimizer=optimizer,
             timeout_s=timeout_s,
+            **self.options,
         )
         if self._resume is not None:
             if "dssync" in self._resume:
@@ -112,6 +131,7 @@ class DSSyncStrategy(DDPStrategy):
                     "the checkpoint has no DS-Sync state; the schedule resumes at its global_step"
                 )
                 self.sync.steps = int(self._resume.get("global_step", 0))
+                self.sync.averagings = self.sync.steps // self.sync.every
 
     def optimizer_step(
         self,

@@ -5,14 +5,19 @@ from a :class:`~dssync.train.TrainConfig`, a module and its optimizer, and what 
 job beyond that (the topology; measured link rates). ``dssync train --sync``, ``dssync compare
 --methods``, ``dssync bench --method`` and ``dssync bench-straggler --methods`` all read it.
 
-To add a method, write its strategy (one file in ``strategies/``), a builder here, and one
-:class:`Method` line in ``_TABLE`` below.
+Every DS-Sync method is a preset: a dict of the one :class:`~dssync.strategies.DSSync`'s options
+(``{"plan": "topology", "replan": 8, "every": 4}``), kept as data in ``_TABLE``; a user's
+``--every``, ``--outer``, ``--overlap`` and ``--replan`` override a preset's values, so a
+combination needs no name. To add a DS-Sync variant, add one :func:`preset` line; to add another
+method, write its strategy (one file in ``strategies/``), a builder here, and one
+:class:`Method` line.
 
 Example::
 
     from dssync.methods import build_strategy, get_method
 
     get_method("ddp").name                                # "bsp" (an alias)
+    get_method("diloco").options      # {"plan": "global", "every": 4, "outer": "nesterov"}
     strategy = build_strategy(cfg, model, optimizer)      # cfg.sync names the method
 """
 
@@ -27,20 +32,19 @@ import torch
 from torch import nn
 
 from dssync.errors import UsageError
-from dssync.schedules import ExpGossip, schedule_from_name
-from dssync.schedules.topology import SPREAD
+from dssync.schedules import ExpGossip, Global, schedule_from_name
+from dssync.schedules.topology import SPREAD, plan_topology_aware
 from dssync.strategies import (
     BSP,
     DPSGD,
     FP16,
-    AdaptiveDSSync,
     DSSync,
     Hierarchical,
     LocalSGD,
     PowerSGD,
     Strategy,
 )
-from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
+from dssync.strategies.outer import OuterFactory, nesterov
 from dssync.strategies.ps import ParameterServer
 from dssync.strategies.waitless import AsyncDSSync
 from dssync.topology import Topology
@@ -52,6 +56,11 @@ Builder = Callable[["TrainConfig", nn.Module, torch.optim.Optimizer, Topology | 
 
 TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not given)
 RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
+# The options a preset sets and a user may override (TrainConfig fields, None: the preset's),
+# with their value when neither does. They are DSSync's keyword options of the same names.
+OPTIONS: dict[str, Any] = {"every": 1, "replan": 0, "overlap": False, "outer": "none"}
+OUTERS = ("none", "nesterov")  # --outer: none, or DiLoCo's SGD with Nesterov momentum
+DEFAULT_WINDOW = 8  # a topology plan's longest gap between crossings when it is not re-planned
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class Method:
 
     ``settings`` are TrainConfig fields the method fixes (a variant of another method, such as
     DS-Sync on static groups); ``needs`` lists what the job must provide beyond the config.
+    ``options`` are the preset's defaults of the :data:`OPTIONS` it ``takes`` (a user's
+    ``--every``, ``--outer``, ``--overlap``, ``--replan`` override them) and, for a DS-Sync
+    preset (:func:`preset`), how its groups are made.
 
     Example::
 
@@ -72,6 +84,8 @@ class Method:
     needs: frozenset[str] = frozenset()
     settings: dict[str, Any] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    takes: frozenset[str] = frozenset()
 
     @property
     def variant(self) -> bool:
@@ -83,18 +97,53 @@ def _bucket_bytes(cfg: TrainConfig) -> int:
     return int(cfg.bucket_mb * 2**20)
 
 
+def _outer(cfg: TrainConfig) -> OuterFactory | None:
+    if cfg.outer in (None, "none"):
+        return None
+    return nesterov(lr=cfg.outer_lr)
+
+
 def _dssync(
     cfg: TrainConfig,
     module: nn.Module,
     opt: torch.optim.Optimizer,
     topology: Topology | None,
     pairs: str = "exchange",
+    plan: str = "schedule",
+    spread: bool = SPREAD,
 ) -> Strategy:
-    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat)
+    """The one DSSync with the options ``cfg`` holds (:func:`configure` filled in the preset's).
+
+    ``plan`` says where the groups come from: ``"schedule"`` (``--schedule``), ``"topology"``
+    (the topology-aware plan of the detected topology), ``"global"`` (everyone: DiLoCo) or
+    ``"exp-gossip"``.
+    """
+    replan = cfg.replan or 0
+    if plan == "topology":
+        if topology is None:
+            from dssync.topology import detect
+
+            topology = detect()
+        window = replan or DEFAULT_WINDOW
+        schedule = plan_topology_aware(
+            topology, cfg.group_size, cfg.seed, max_every=window, spread=spread
+        )
+    elif plan == "global":
+        schedule = Global()
+    elif plan == "exp-gossip":
+        schedule = ExpGossip()
+    else:
+        schedule = schedule_from_name(
+            cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat
+        )
     return DSSync(
         module,
         schedule=schedule,
         optimizer=opt if cfg.average_momentum else None,
+        replan=replan,
+        overlap=bool(cfg.overlap),
+        every=cfg.every or 1,
+        outer=_outer(cfg),
         bucket_bytes=_bucket_bytes(cfg),
         timeout_s=cfg.timeout_s,
         pairs=pairs,
@@ -110,61 +159,13 @@ def _bsp(
 def _local_sgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
-    return LocalSGD(module, period=cfg.local_sgd_period, bucket_bytes=_bucket_bytes(cfg))
+    return LocalSGD(module, every=cfg.every or 1, bucket_bytes=_bucket_bytes(cfg))
 
 
 def _hierarchical(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
     return Hierarchical(module, topology, bucket_bytes=_bucket_bytes(cfg))
-
-
-def _dssync_topo(
-    cfg: TrainConfig,
-    module: nn.Module,
-    opt: torch.optim.Optimizer,
-    topology: Topology | None,
-    spread: bool = SPREAD,
-) -> Strategy:
-    return AdaptiveDSSync(
-        module,
-        topology,
-        spread=spread,
-        replan_every=cfg.replan_every,
-        group_size=cfg.group_size,
-        seed=cfg.seed,
-        optimizer=opt if cfg.average_momentum else None,
-        bucket_bytes=_bucket_bytes(cfg),
-        timeout_s=cfg.timeout_s,
-    )
-
-
-def _dssync_overlap(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
-) -> Strategy:
-    schedule = schedule_from_name(cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat)
-    return OverlapDSSync(
-        module,
-        schedule=schedule,
-        optimizer=opt if cfg.average_momentum else None,
-        bucket_bytes=_bucket_bytes(cfg),
-        timeout_s=cfg.timeout_s,
-    )
-
-
-def _dssync_topo_overlap(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
-) -> Strategy:
-    return TopoOverlapDSSync(
-        module,
-        topology,
-        max_every=cfg.replan_every,
-        group_size=cfg.group_size,
-        seed=cfg.seed,
-        optimizer=opt if cfg.average_momentum else None,
-        bucket_bytes=_bucket_bytes(cfg),
-        timeout_s=cfg.timeout_s,
-    )
 
 
 def _powersgd(
@@ -177,18 +178,6 @@ def _fp16(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
     return FP16(module, bucket_cap_mb=cfg.bucket_mb)
-
-
-def _exp_gossip(
-    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
-) -> Strategy:
-    return DSSync(
-        module,
-        schedule=ExpGossip(),
-        optimizer=opt if cfg.average_momentum else None,
-        bucket_bytes=_bucket_bytes(cfg),
-        timeout_s=cfg.timeout_s,
-    )
 
 
 def _dpsgd(
@@ -226,58 +215,105 @@ def _auto(
     if topology is None or not topology.host_mbit:
         topology = detect(probe=True, timeout_s=cfg.timeout_s)
     params = sum(p.numel() for p in module.parameters())
-    chosen = choose(topology, params, compute_s=0.0, repeat=cfg.replan_every).method
-    return get_method(chosen).build(configure(replace(cfg, sync=chosen)), module, opt, topology)
+    chosen = choose(topology, params, compute_s=0.0, repeat=cfg.replan or DEFAULT_WINDOW).method
+    return get_method(chosen).build(configure(for_method(cfg, chosen)), module, opt, topology)
 
 
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
+# How a DS-Sync preset's groups are made and exchanged: passed to the builder, not overridable.
+_SHAPE = ("plan", "pairs", "spread")
 
-# The table. Each line: name, what it does (shown in --help), builder, and what it needs.
+
+def preset(
+    name: str,
+    description: str,
+    options: dict[str, Any],
+    settings: dict[str, Any] | None = None,
+    aliases: tuple[str, ...] = (),
+) -> Method:
+    """A DS-Sync preset: one :class:`~dssync.strategies.DSSync` with ``options``.
+
+    ``options`` holds the preset's defaults of :data:`OPTIONS` (``--every`` etc. override them)
+    and how its groups are made (``plan``: ``schedule``, ``topology``, ``global`` or
+    ``exp-gossip``; ``pairs``; ``spread``). A topology plan needs the topology and its rates.
+    """
+    shape = {k: v for k, v in options.items() if k in _SHAPE}
+    needs = _TOPO_RATES if shape.get("plan") == "topology" else frozenset()
+    return Method(
+        name,
+        description,
+        functools.partial(_dssync, **shape),
+        needs=needs,
+        settings=settings or {},
+        aliases=aliases,
+        options=options,
+        takes=frozenset(OPTIONS),
+    )
+
+
+_TOPOLOGY = {"plan": "topology", "replan": 8}  # re-planned from timings every 8 averagings
+
+# The table. Each line: name, what it does (shown in --help), and how it is made: a DS-Sync
+# preset (a dict of options), or a builder and what it needs.
 _TABLE = [
-    Method("dssync", "DS-Sync: average within groups that change every step", _dssync),
+    preset("dssync", "DS-Sync: average within groups that change every step", {}),
     Method("bsp", "DDP: all-reduce of gradients every step", _bsp, aliases=("ddp",)),
-    Method("local-sgd", "local SGD: global average of parameters every few steps", _local_sgd),
+    Method(
+        "local-sgd",
+        "local SGD: global average of parameters every --every steps (4)",
+        _local_sgd,
+        options={"every": 4},
+        takes=frozenset({"every"}),
+    ),
+    preset(
+        "diloco",
+        "DiLoCo: global average of pseudo-gradients every --every steps (4), outer Nesterov",
+        {"plan": "global", "every": 4, "outer": "nesterov"},
+    ),
     Method(
         "hierarchical",
         "all-reduce in each host or rack, then among leaders",
         _hierarchical,
         needs=_TOPO,
     ),
-    Method(
-        "dssync-topo",
-        "DS-Sync with topology-aware groups, re-planned from timings",
-        _dssync_topo,
-        needs=_TOPO_RATES,
+    preset("dssync-topo", "DS-Sync with topology-aware groups, re-planned from timings", _TOPOLOGY),
+    preset(
+        "dssync-topo-local",
+        "topology-aware DS-Sync, re-planned, averaging every 4th step (local steps between)",
+        {**_TOPOLOGY, "every": 4},
     ),
-    Method(
+    preset(
+        "dssync-local",
+        "DS-Sync in shuffled pairs every 4th step with DiLoCo's outer Nesterov (DiLoCo in pairs)",
+        {"every": 4, "outer": "nesterov"},
+    ),
+    preset(
         "dssync-topo-whole",
         "topology-aware DS-Sync whose crossings go whole every few steps, not spread (ablation)",
-        functools.partial(_dssync_topo, spread=False),
-        needs=_TOPO_RATES,
+        {**_TOPOLOGY, "spread": False},
     ),
-    Method(
+    preset(
         "dssync-static",
         "DS-Sync on fixed groups that never shuffle (ablation)",
-        _dssync,
+        {},
         settings={"schedule": "static"},
     ),
-    Method(
+    preset(
         "dssync-allreduce",
         "DS-Sync with pairs by all_reduce on groups made at start (to compare the pair path)",
-        functools.partial(_dssync, pairs="all_reduce"),
+        {"pairs": "all_reduce"},
         settings={"schedule": "shuffle"},
     ),
-    Method(
+    preset(
         "dssync-overlap",
         "DS-Sync whose group average runs behind the next step's compute (merged a step later)",
-        _dssync_overlap,
+        {"overlap": True},
     ),
-    Method(
+    preset(
         "dssync-topo-overlap",
         "overlapped DS-Sync on a fixed topology-aware plan made at start",
-        _dssync_topo_overlap,
-        needs=_TOPO_RATES,
+        {"plan": "topology", "overlap": True},
     ),
     Method(
         "powersgd",
@@ -286,10 +322,10 @@ _TABLE = [
     ),
     Method("fp16", "DDP with PyTorch's fp16 hook: gradients all-reduced in half precision", _fp16),
     Method("dpsgd", "D-PSGD: average with both ring neighbours every step", _dpsgd),
-    Method(
+    preset(
         "exp-gossip",
         "one peer per step on the exponential graph (power-of-2 workers)",
-        _exp_gossip,
+        {"plan": "exp-gossip"},
     ),
     Method(
         "dssync-async",
@@ -301,6 +337,7 @@ _TABLE = [
         "the method the planner predicts fastest here, from a link probe and the measured compute",
         _auto,
         needs=_TOPO_RATES,
+        takes=frozenset(OPTIONS),  # passed on to the chosen method where it takes them
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),
@@ -348,8 +385,34 @@ def help_text(names: Iterable[str] | None = None) -> str:
 
 
 def configure(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with the settings its method fixes (a variant's schedule, for example)."""
-    return replace(cfg, **get_method(cfg.sync).settings)
+    """``cfg`` with the settings its method fixes (a variant's schedule, for example) and its
+    preset's options where the user gave none, so the run's config records the options used.
+
+    An option the method does not take (``--every`` with ``bsp``, say) is a UsageError.
+    """
+    method = get_method(cfg.sync)
+    given = [k for k in OPTIONS if getattr(cfg, k) is not None]
+    odd = [k for k in given if k not in method.takes]
+    if odd:
+        flags = ", ".join(f"--{k}" for k in odd)
+        takers = [n for n, m in METHODS.items() if set(odd) <= m.takes]
+        raise UsageError(
+            f"{cfg.sync} does not take {flags}; drop it, or use a method that does: "
+            f"{', '.join(takers)}"
+        )
+    filled = {
+        k: method.options.get(k, default)
+        for k, default in OPTIONS.items()
+        if k in method.takes and getattr(cfg, k) is None and method.build is not _auto
+    }  # auto passes on only what was given: the chosen method's preset fills the rest
+    return replace(cfg, **method.settings, **filled)
+
+
+def for_method(cfg: TrainConfig, name: str) -> TrainConfig:
+    """``cfg`` for method ``name``, leaving out the options it does not take (``compare`` runs
+    several methods with one set of options: ``--every 4`` reaches dssync and local-sgd, not bsp)."""
+    takes = get_method(name).takes
+    return replace(cfg, sync=name, **{k: None for k in OPTIONS if k not in takes})
 
 
 def build_strategy(

@@ -53,8 +53,15 @@ SETTINGS = [
     "5",
     "--bucket-mb",
     "1.5",
-    "--local-sgd-period",
+    "--every",
     "3",
+    "--outer",
+    "nesterov",
+    "--outer-lr",
+    "0.5",
+    "--replan",
+    "4",
+    "--no-overlap",
     "--powersgd-rank",
     "4",
     "--staleness",
@@ -77,7 +84,11 @@ EXPECTED = {
     "workload_options": {"hidden": "8", "depth": "16"},
     "eval_every": 5,
     "bucket_mb": 1.5,
-    "local_sgd_period": 3,
+    "every": 3,
+    "outer": "nesterov",
+    "outer_lr": 0.5,
+    "replan": 4,
+    "overlap": False,
     "powersgd_rank": 4,
     "staleness": 0,
     "swa_start": 0.5,
@@ -106,11 +117,12 @@ def test_train_own_options_reach_the_config(seen):
         0,
     )
     defaults = TrainConfig()
-    assert (cfg.powersgd_rank, cfg.staleness, cfg.bucket_mb, cfg.local_sgd_period) == (
+    assert (cfg.powersgd_rank, cfg.staleness, cfg.bucket_mb, cfg.every, cfg.outer) == (
         defaults.powersgd_rank,
         defaults.staleness,
         defaults.bucket_mb,
-        defaults.local_sgd_period,
+        None,  # the method's preset decides
+        None,
     )
 
 

@@ -134,12 +134,12 @@ def case_dssync_in_a_subgroup() -> float | None:
 
 
 def case_adaptive() -> float:
-    from dssync import AdaptiveDSSync
+    from dssync import DSSync
     from dssync.topology import Topology
 
     model = _model()
     topo = Topology(hosts=tuple(range(WORLD)), racks=(0,) * WORLD)
-    _train(AdaptiveDSSync(model, topo, replan_every=2))
+    _train(DSSync(model, topology=topo, replan=2))
     return _checksum(model)
 
 
@@ -147,7 +147,7 @@ def case_local_sgd() -> float:
     from dssync import LocalSGD
 
     model = _model()
-    _train(LocalSGD(model, period=2))
+    _train(LocalSGD(model, every=2))
     return _checksum(model)
 
 

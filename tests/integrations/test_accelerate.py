@@ -28,7 +28,7 @@ class Alternate(Schedule):
         return [list(range(world_size))]
 
 
-def _train():
+def _train(every: int = 1):
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
@@ -39,7 +39,7 @@ def _train():
     loader = DataLoader(TensorDataset(x, y), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     grads, weights = [], []
-    with DSSyncLocal(accelerator, model, Alternate(), optimizer=optimizer) as ds:
+    with DSSyncLocal(accelerator, model, Alternate(), optimizer=optimizer, every=every) as ds:
         for xb, yb in loader:
             with accelerator.accumulate(model):
                 accelerator.backward(F.mse_loss(model(xb), yb))
@@ -76,3 +76,11 @@ def test_local_gradients_group_averages_identical_on_exit():
     assert not torch.equal(last0, last1)  # the last step trained alone ...
     assert torch.equal(end0, end1) and torch.equal(m0, m1)  # ... and leaving the block averaged
     assert torch.allclose(end0, (last0 + last1) / 2)
+
+
+@pytest.mark.timeout(240)
+def test_every_reaches_dssync():
+    """Averaging every 2nd step: Alternate's averaging 1 (all ranks) comes at step 4."""
+    (_, w0, *_), (_, w1, *_) = spawn(_train, 2, args=(2,), timeout_s=200)
+    together = [torch.equal(a, b) for a, b in zip(w0, w1, strict=True)]
+    assert together == [False, False, False, True, False]

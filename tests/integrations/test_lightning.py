@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from dssync import Schedule
+from dssync import Schedule, nesterov
 from dssync.errors import UsageError
 from dssync.launch import spawn
 from dssync.lightning import DSSyncStrategy
@@ -161,3 +161,20 @@ def test_checkpoint_resume_continues_on_the_same_partitions(tmp_path):
     assert not torch.equal(weight, straight)  # training went on after the checkpoint
     torch.testing.assert_close(resumed, straight, rtol=0, atol=0)
     assert steps == 2 * STEPS_PER_EPOCH
+
+
+def _fit_every(root: str):
+    """One epoch of 5 steps, averaging every 2nd: Alternate's averaging 0 alone, 1 together."""
+    model = Tiny()
+    strategy = DSSyncStrategy(Alternate(), every=2, outer=nesterov(lr=1.0, momentum=0.0))
+    _trainer(Path(root), 1, strategy).fit(model, _loader())
+    return model.weights
+
+
+@pytest.mark.timeout(240)
+def test_the_options_reach_dssync_every_and_outer(tmp_path):
+    w0, w1 = spawn(_fit_every, 2, args=(str(tmp_path),), timeout_s=200)
+    assert len(w0) == STEPS_PER_EPOCH
+    # Step 4 is averaging 1 (all ranks); the outer step at rate 1 leaves the mean up to rounding.
+    together = [torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(w0, w1, strict=True)]
+    assert together == [False, False, False, True, False]

@@ -219,3 +219,21 @@ def test_train_runs_a_baseline_through_the_registry(tmp_path, method):
     data = load(out)
     assert 0.5 < data["final_accuracy"] <= 1
     assert data["sync_time_s"] > 0
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("args", "options"),
+    [
+        (["--sync", "diloco"], {"every": 4, "outer": "nesterov", "overlap": False, "replan": 0}),
+        (["--sync", "dssync", "--every", "2", "--overlap"], {"every": 2, "overlap": True}),
+    ],
+)
+def test_train_runs_a_baseline_through_the_registry_with_options(tmp_path, args, options):
+    """(Named so that conftest's slow list covers it.) The summary records the options used."""
+    out = tmp_path / "run.json"
+    r = run(["train", *DIGITS, *args, "--json", str(out)], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = load(out)
+    assert 0.5 < data["final_accuracy"] <= 1
+    assert {k: data["config"][k] for k in options} == options

@@ -13,7 +13,7 @@ from dssync.launch import spawn
 def _local_sgd():
     rank = dist.get_rank()
     m = nn.Linear(3, 2)
-    strategy = LocalSGD(m, period=2)
+    strategy = LocalSGD(m, every=2)
     seen = []
     for _ in range(4):
         with torch.no_grad():
@@ -23,7 +23,7 @@ def _local_sgd():
     return seen
 
 
-def test_average_every_period_steps():
+def test_average_every_h_steps():
     out = spawn(_local_sgd, 3, timeout_s=120)
     start = out[0][1] - 2 * 2  # rank 0's weight after step 2 is the mean: start + 2 * mean(1, 2, 3)
     for rank, seen in enumerate(out):

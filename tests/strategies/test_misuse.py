@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
-from dssync import DSSync, Shuffle, Static
+from dssync import DSSync, Shuffle, Static, nesterov
 from dssync.errors import SyncError
 from dssync.launch import WorkerError, spawn
 
@@ -208,23 +208,39 @@ def test_group_size_that_does_not_divide_the_world_is_refused():
     )
 
 
-def _uneven_inputs(schedule):
+def _uneven_inputs(schedule, **options):
     rank = dist.get_rank()
     m = nn.Linear(3, 1, bias=False)
-    sync = DSSync(m, schedule=schedule, timeout_s=30)
+    sync = DSSync(m, schedule=schedule, timeout_s=30, **options)
     with Join([sync]):
         for _ in range(2 + 2 * rank):  # rank r runs out of data after 2 + 2r steps
             with torch.no_grad():
                 m.weight.add_(rank)
             sync.step()
     sync.average_all()
-    return sync.steps, m.weight.detach().clone()
+    return sync.steps, m.weight.detach().clone(), sync.averagings
 
 
 @pytest.mark.parametrize("schedule", [Shuffle(2, seed=0), Static([[0, 1, 2, 3]])], ids=repr)
 def test_join_lets_ranks_out_of_data_serve_their_groups(schedule):
     """Uneven inputs: ranks that finish early keep taking their part until every rank is done."""
     out = spawn(_uneven_inputs, 4, args=(schedule,), timeout_s=180, collective_timeout_s=60)
-    assert [steps for steps, _ in out] == [8, 8, 8, 8]
-    for _, w in out:
+    assert [steps for steps, _, _ in out] == [8, 8, 8, 8]
+    for _, w, _ in out:
         assert torch.equal(w, out[0][1])
+
+
+@pytest.mark.parametrize(
+    "options", [{"every": 3}, {"every": 2, "overlap": True}, {"every": 2, "outer": nesterov()}]
+)
+def test_join_counts_local_steps_alike_on_every_rank(options):
+    """A joined rank shadows the others' steps, so averagings (every H-th step) stay matched."""
+    out = spawn(_uneven_inputs_with, 4, args=(options,), timeout_s=180, collective_timeout_s=60)
+    every = options["every"]
+    assert [(steps, n) for steps, _, n in out] == [(8, 8 // every)] * 4
+    for _, w, _ in out:
+        torch.testing.assert_close(w, out[0][1], rtol=0, atol=1e-6)
+
+
+def _uneven_inputs_with(options):
+    return _uneven_inputs(Shuffle(2, seed=0), **options)

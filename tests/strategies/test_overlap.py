@@ -1,4 +1,4 @@
-"""Overlapped DS-Sync: exact means one step later, consensus while training, bit-exact resume."""
+"""Overlapped DS-Sync (``overlap=True``): exact means one step later, consensus, bit-exact resume."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from dssync import Butterfly, DSSync, Global, Shuffle, Static
 from dssync.errors import SyncError, UsageError
 from dssync.launch import spawn
 from dssync.schedules.topology import plan_topology_aware
-from dssync.strategies.overlap import OverlapDSSync, TopoOverlapDSSync
 from dssync.topology import Topology
 
 
@@ -32,8 +31,7 @@ def _zero_lr(cls_name: str, schedule, steps: int):
     m = _model(10 + rank)
     with torch.no_grad():
         m[1].running_mean.add_(rank)
-    cls = OverlapDSSync if cls_name == "overlap" else DSSync
-    sync = cls(m, schedule=schedule, broadcast_init=False)
+    sync = DSSync(m, schedule=schedule, broadcast_init=False, overlap=cls_name == "overlap")
     out = [_flat(m)]
     for _ in range(steps):
         sync.step()
@@ -75,11 +73,11 @@ def _train(steps: int, cls_name: str):
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     topo = Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1))
     if cls_name == "topo":
-        sync = TopoOverlapDSSync(m, topo, optimizer=opt)
+        sync = DSSync(m, topology=topo, overlap=True, optimizer=opt)
     elif cls_name == "topo-blocking":
         sync = DSSync(m, schedule=plan_topology_aware(topo), optimizer=opt)
     else:
-        sync = OverlapDSSync(m, schedule=Shuffle(2, seed=1), optimizer=opt)
+        sync = DSSync(m, schedule=Shuffle(2, seed=1), overlap=True, optimizer=opt)
     g = torch.Generator().manual_seed(100 + rank)
     losses = []
     for _ in range(steps):
@@ -128,7 +126,7 @@ def _resume(stop: int, total: int):
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        return m, opt, OverlapDSSync(m, schedule=Shuffle(2, seed=3), optimizer=opt)
+        return m, opt, DSSync(m, schedule=Shuffle(2, seed=3), overlap=True, optimizer=opt)
 
     def batch(step):
         g = torch.Generator().manual_seed(1000 * rank + step)
@@ -177,23 +175,22 @@ def test_resume_is_bit_exact():
 
 def _mixed():
     m = _model(0)
-    cls = OverlapDSSync if dist.get_rank() == 0 else DSSync
-    with pytest.raises(UsageError, match="sync method") as caught:
-        cls(m, schedule=Shuffle(2, seed=0), timeout_s=20)
+    with pytest.raises(UsageError, match="overlap") as caught:
+        DSSync(m, schedule=Shuffle(2, seed=0), timeout_s=20, overlap=dist.get_rank() == 0)
     return str(caught.value)
 
 
 def test_overlapped_and_blocking_ranks_are_told_apart():
     """Refused at start, on every rank, before the overlapped rank makes its lane's group."""
     for message in spawn(_mixed, 2, timeout_s=120):
-        assert "same sync method" in message
+        assert "same overlap=" in message
 
 
 def _out_of_step():
     m = _model(0)
-    sync = OverlapDSSync(m, schedule=Shuffle(2, seed=0), timeout_s=20)
+    sync = DSSync(m, schedule=Shuffle(2, seed=0), timeout_s=20, overlap=True)
     if dist.get_rank() == 0:
-        sync.steps = 3  # one rank skipped steps: the tags of its averages differ
+        sync.averagings = 3  # one rank skipped steps: the tags of its averages differ
     with pytest.raises(SyncError):
         sync.step()
         sync.step()

@@ -32,7 +32,16 @@ import torch.distributed as dist
 
 from dssync.bench.sync_cost import FlatModel
 from dssync.launch import exit_quietly, init_from_env
-from dssync.methods import RATES, TOPOLOGY, build_strategy, choices, get_method
+from dssync.methods import (
+    OPTIONS,
+    RATES,
+    TOPOLOGY,
+    build_strategy,
+    choices,
+    configure,
+    for_method,
+    get_method,
+)
 from dssync.strategies import Strategy
 from dssync.topology import detect
 from dssync.train.config import TrainConfig
@@ -145,7 +154,7 @@ def run(
         strategy.model(x).backward()
         strategy.after_backward()
         optimizer.step()
-        strategy.after_step()
+        strategy.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -158,6 +167,7 @@ def run(
         strategy.finish()  # an overlapped average still in flight completes before the exit
     info["switches"] = getattr(strategy, "switches", [])
     info["host"] = socket.gethostname()
+    info["options"] = {k: getattr(cfg, k) for k in (*OPTIONS, "outer_lr")}
     info["group_rank"] = int(os.environ.get("GROUP_RANK", 0))
     info["local_rank"] = int(os.environ.get("LOCAL_RANK", 0))
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "records": records, **info}))
@@ -176,19 +186,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--options", type=json.loads, default={}, help="DS-Sync options, as JSON")
     a = p.parse_args(argv)
     init_from_env(backend="gloo", timeout_s=a.timeout)
     try:
+        replan = a.repeat if get_method(a.method).options.get("replan") else None
         cfg = TrainConfig(
             sync=a.method,
             schedule="shuffle",
             group_size=2,
             repeat=a.repeat,
-            replan_every=a.repeat,
             seed=0,
             timeout_s=a.timeout,
             device=a.device,
+            **{"replan": replan, **a.options},
         )
+        cfg = configure(for_method(cfg, a.method))
         run(cfg, a.params, a.steps, a.warmup, a.probe, a.out, a.compute_ms, a.compute_kind)
         dist.barrier()  # every rank has written its timings
     finally:

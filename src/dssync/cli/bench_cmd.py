@@ -10,7 +10,7 @@ import click
 from dssync.bench.cluster_worker import Burn
 from dssync.cli.output import console, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
-from dssync.methods import get_method, help_text
+from dssync.methods import OUTERS, get_method, help_text
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
 from dssync.schedules.topology import SPREAD
 
@@ -112,6 +112,28 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     help="cpu: matrix work on the shared cores; idle: a wait that leaves them free, as a GPU's "
     "compute does (each real host has its own cores; the emulated hosts share this machine's).",
 )
+@click.option(
+    "--every",
+    type=click.IntRange(1),
+    default=None,
+    help="Optimizer steps per averaging for the methods that take it (default: each preset's).",
+)
+@click.option(
+    "--outer",
+    type=click.Choice(OUTERS),
+    default=None,
+    help="Outer optimizer for the DS-Sync presets (nesterov: DiLoCo's; default: each preset's).",
+)
+@click.option(
+    "--overlap/--no-overlap", default=None, help="Overlapped averages (default: each preset's)."
+)
+@click.option(
+    "--replan",
+    type=click.IntRange(0),
+    default=None,
+    help="Averagings between re-plans of topology-aware presets (default: --repeat for those "
+    "that re-plan).",
+)
 def bench(
     scenarios,
     methods,
@@ -128,6 +150,10 @@ def bench(
     device,
     compute_ms,
     compute_kind,
+    every,
+    outer,
+    overlap,
+    replan,
 ) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
     if warmup >= steps:
@@ -145,6 +171,16 @@ def bench(
         device=device,
         compute_ms=compute_ms,
         compute_kind=compute_kind,
+        options={
+            k: v
+            for k, v in {
+                "every": every,
+                "outer": outer,
+                "overlap": overlap,
+                "replan": replan,
+            }.items()
+            if v is not None
+        },
     )
     results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
     console.print(bench_table(results, params, compute_ms, compute_kind))

@@ -11,7 +11,7 @@ from dssync.cli.options import training_options
 from dssync.cli.output import console, provenance, write_json
 from dssync.experiments.compare import compare
 from dssync.experiments.runners import runner_for
-from dssync.methods import DEFAULT_METHODS, get_method, help_text, parse_methods
+from dssync.methods import DEFAULT_METHODS, for_method, get_method, help_text, parse_methods
 from dssync.report.files import plot_metric, write_csv, write_evals_csv, write_markdown
 from dssync.report.summary import summarize, summary_table
 from dssync.train import TrainConfig
@@ -87,7 +87,7 @@ def compare_cmd(
     """
     base = cfg if cfg.swa_start is not None else replace(cfg, swa_start=SWA_START)
     for m in methods:
-        validate(replace(base, sync=m), workers)
+        validate(for_method(base, m), workers)
     source = "--target"
     if target is None:
         target = workload(cfg).quality_target()

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from dssync.methods import OUTERS
 from dssync.schedules import SCHEDULE_NAMES
 from dssync.train import TrainConfig
 from dssync.train.device import DEVICES
@@ -93,11 +94,37 @@ OPTIONS = [
         help="Cycle this many shuffled partitions (default: a fresh one every step).",
     ),
     click.option(
-        "--replan-every",
+        "--every",
         type=click.IntRange(1),
-        default=8,
+        default=None,
+        help="Optimizer steps per averaging (H): DS-Sync presets, diloco and local-sgd (default: "
+        "the method's: 1 for DS-Sync, 4 for local-sgd and diloco).",
+    ),
+    click.option(
+        "--outer",
+        type=click.Choice(OUTERS),
+        default=None,
+        help="Outer optimizer on each averaging's pseudo-gradient: nesterov is DiLoCo's "
+        "(SGD, momentum 0.9, --outer-lr) (default: the method's).",
+    ),
+    click.option(
+        "--outer-lr",
+        type=click.FloatRange(min=0, min_open=True),
+        default=TrainConfig.outer_lr,
         show_default=True,
-        help="Steps between re-plans of dssync-topo (also its plan's longest gap between crossings).",
+        help="Learning rate of --outer nesterov.",
+    ),
+    click.option(
+        "--overlap/--no-overlap",
+        default=None,
+        help="Run each DS-Sync average behind the next steps' compute (default: the method's).",
+    ),
+    click.option(
+        "--replan",
+        type=click.IntRange(0),
+        default=None,
+        help="Averagings between re-plans of a topology-aware DS-Sync plan, 0 for none; also the "
+        "plan's longest gap between crossings (default: the method's, 8 for dssync-topo).",
     ),
     click.option(
         "--epochs",
@@ -149,13 +176,6 @@ OPTIONS = [
         default=TrainConfig.bucket_mb,
         show_default=True,
         help="Size of the flat buckets parameters and gradients travel in (MiB).",
-    ),
-    click.option(
-        "--local-sgd-period",
-        type=click.IntRange(1),
-        default=TrainConfig.local_sgd_period,
-        show_default=True,
-        help="local-sgd: steps between global averages.",
     ),
     click.option(
         "--powersgd-rank",

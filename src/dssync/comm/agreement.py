@@ -56,6 +56,11 @@ def check_module(module: nn.Module) -> None:
         )
 
 
+def _outer(sync: Any) -> str | None:
+    outer = getattr(sync, "outer", None)
+    return None if outer is None else outer.describe()
+
+
 def check_start(sync: Any) -> None:
     """Every rank of ``sync.process_group`` agrees on what shapes the collectives (collective)."""
     module = sync.module
@@ -92,6 +97,10 @@ def check_start(sync: Any) -> None:
             (frozen, sync.average_frozen)
         ),
         "optimizer (given or not, its type and parameter shapes)": _show(opt_layout),
+        "every (optimizer steps per averaging)": _show(getattr(sync, "every", 1)),
+        "overlap": _show(getattr(sync, "overlap", False)),
+        "replan (averagings between re-plans)": _show(getattr(sync, "replan", 0)),
+        "outer optimizer (given or not, its type and settings)": _show(_outer(sync)),
     }
     fixes = {
         "sync method": "wrap the model with the same sync method (class) on every rank",
@@ -103,5 +112,9 @@ def check_start(sync: Any) -> None:
         "average_buffers": "pass the same average_buffers on every rank",
         "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
         "optimizer (given or not, its type and parameter shapes)": "pass optimizer= on every rank or on none, built alike",
+        "every (optimizer steps per averaging)": "pass the same every= (--every) on every rank",
+        "overlap": "pass the same overlap= (--overlap) on every rank",
+        "replan (averagings between re-plans)": "pass the same replan= (--replan) on every rank",
+        "outer optimizer (given or not, its type and settings)": "pass outer= (--outer) on every rank or on none, built alike",
     }
     agree(values, sync.process_group, fixes, refusal, timeout_s)

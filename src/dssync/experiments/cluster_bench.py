@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,9 @@ class BenchSettings:
     device: str = "auto"
     compute_ms: float = 0.0
     compute_kind: str = "cpu"
+    # DS-Sync options given on the command line (every, outer, overlap, replan); each method
+    # takes those it accepts (dssync.methods.for_method), its preset fills in the rest.
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def run_bench(
@@ -145,6 +148,8 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     ]
     if s.probe:
         argv.append("--probe")
+    if s.options:
+        argv += ["--options", json.dumps(s.options)]
     before, lost_before = cluster.link_bytes(), cluster.losses()
     agents = cluster.launch(argv, log_dir=work / "logs", join_timeout_s=s.timeout_s)
     events = (
@@ -166,6 +171,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
     out = summarize(ranks, s.warmup)
     out["rank_hosts"] = [r.get("host") for r in ranks]  # as torchrun placed them
+    out["options"] = ranks[0].get("options", {})  # what the method ran with
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
     nbytes = 4 * s.params

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from dssync.experiments.runners import Runner
+from dssync.methods import for_method
 from dssync.train.config import TrainConfig
 
 OnRun = Callable[[str, int, dict[str, Any]], None]
@@ -26,7 +27,7 @@ def compare(
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for seed in seeds:
         for method in methods:
-            summary = runner.run(replace(base, sync=method, seed=seed))
+            summary = runner.run(replace(for_method(base, method), seed=seed))
             runs[method].append(summary)
             if on_run is not None:
                 on_run(method, seed, summary)

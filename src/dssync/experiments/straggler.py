@@ -15,13 +15,13 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dssync.errors import UsageError
-from dssync.methods import get_method
+from dssync.methods import for_method, get_method
 from dssync.train import TrainConfig, run_training
 from dssync.train.hooks import StepHook
 
@@ -76,7 +76,7 @@ def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:
     for m in s.methods:
         times = {}
         for label, ms in (("plain", 0.0), ("straggler", s.slow_ms)):
-            cfg = replace(base, sync=m)
+            cfg = for_method(base, m)
             summary = run_training(cfg, workers=s.workers, hook=Straggler(s.slow_rank, ms))
             times[label] = summary["rank_iter_time_s"]
         others = [r for r in range(s.workers) if r != s.slow_rank]

@@ -28,6 +28,7 @@ from typing import Any
 
 from rich.table import Table
 
+from dssync.methods import OPTIONS
 from dssync.report.tables import compact_table
 
 
@@ -81,6 +82,8 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
         "metric_name": metric,
         "higher_is_better": higher,
         "seeds": [r["config"]["seed"] for r in runs],
+        # The DS-Sync options the runs used (the preset's, or as given: --every, --outer, ...).
+        "options": {k: first["config"].get(k) for k in (*OPTIONS, "outer_lr")},
         "target": target,
         # Per seed, in seed order; None where that seed never reached the target.
         "times_to_target_s": times,

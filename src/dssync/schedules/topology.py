@@ -124,6 +124,7 @@ class TopologyAware(Schedule):
         self.slow_every = slow_every
         self.seed = seed
         self.spread = bool(spread)
+        self.planned_from = None  # (topology, planner settings) when plan_topology_aware made it
         self._home = {r: d for d, dom in enumerate(self.domains) for r in dom}
         self.rounds = max(1, (len(self.domains) - 1).bit_length())  # crossing rounds per sweep
         self.repeat = math.lcm(cross_every * self.rounds, slow_every, local_repeat)
@@ -282,8 +283,10 @@ def plan_topology_aware(
         len([r for r in d if r not in slow]) - crossing - len([r for r in d if r in slow])
         for d in domains
     ]
+    asked = {"group_size": group_size, "seed": seed, "max_every": max_every}
+    asked |= {"cross_pairs": cross_pairs, "spread": spread}
     spread = spread and min(left) >= group_size
-    return TopologyAware(
+    plan = TopologyAware(
         domains,
         group_size=group_size,
         cross_every=cross_every,
@@ -294,3 +297,5 @@ def plan_topology_aware(
         local_repeat=max_every,
         spread=spread,
     )
+    plan.planned_from = (topology, asked)  # what a re-plan repeats with new rates (DSSync replan=)
+    return plan

@@ -9,7 +9,7 @@ class behind this interface, so a training loop is written once:
         loss.backward()
         strategy.after_backward()
         optimizer.step()
-        strategy.after_step()
+        strategy.step()
         optimizer.zero_grad()
     strategy.average_all()                    # one global average for the final model
 """
@@ -46,8 +46,12 @@ class Strategy:
     def after_backward(self) -> None:
         """Called after ``loss.backward()``, before the optimizer step."""
 
+    def step(self) -> None:
+        """Called after ``optimizer.step()``: the one call every strategy takes there."""
+
     def after_step(self) -> None:
-        """Called after ``optimizer.step()``."""
+        """The older name of :meth:`step`."""
+        self.step()
 
     def average_all(self) -> None:
         """Leave every rank with the same model (the global average)."""

@@ -1,10 +1,16 @@
-"""DS-Sync: average parameters inside small groups that change from step to step.
+"""DS-Sync: average parameters inside small groups that change from averaging to averaging.
 
-``DSSync`` is a thin layer over :class:`dssync.comm.averager.Router` (the averaging core that
-``GroupAverager`` uses too): it keeps the model's tensors in flat buckets, adds floating buffers
-and optimizer state to each average, agrees with the other ranks at start-up on everything that
-shapes the collectives, and counts steps. It is a torch ``Joinable``: under
-``with Join([sync]):`` a rank that runs out of data keeps serving its groups until all are done.
+``DSSync`` is one class whose options compose: the schedule (the topology-aware plan included),
+re-planning from timings (:mod:`~dssync.strategies.replan`), overlapped averages
+(:mod:`~dssync.strategies.overlap`), local steps (``every``) and an outer optimizer
+(:mod:`~dssync.strategies.outer`). Each option is a small object the class calls at named points
+of an averaging; a pair that cannot work together is refused at construction.
+
+The averaging core is :class:`dssync.comm.averager.Router` (``GroupAverager`` uses it too): the
+model's tensors live in flat buckets, floating buffers and optimizer state join each average,
+every rank agrees at start-up on everything that shapes the collectives, and steps are counted.
+It is a torch ``Joinable``: under ``with Join([sync]):`` a rank that runs out of data keeps
+serving its groups until all are done.
 """
 
 from __future__ import annotations
@@ -21,43 +27,72 @@ from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
 from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.buckets import pack, plan_buckets
+from dssync.comm.clock import module_device
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
 from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part
+from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.outer import Outer, OuterFactory
+from dssync.strategies.overlap import Overlap
+from dssync.strategies.replan import Replanner
+from dssync.topology import Topology
 
 
 class DSSync(Strategy, Joinable):
-    """Divide-and-shuffle synchronization of a module's parameters.
+    """Divide-and-shuffle synchronization of a module's parameters, with options that compose.
 
-    Each rank takes its optimizer step on its own gradient; then :meth:`step` averages the
-    parameters (and floating buffers such as batch-norm statistics) inside this step's group of
-    ``schedule`` and moves on to the next step's partition. No process group is created after
-    construction: pairs exchange point to point, a repeating schedule's larger groups are made once.
+    Each rank takes its optimizer step on its own gradient; every ``every``-th :meth:`step` then
+    averages the parameters (and floating buffers such as batch-norm statistics) inside this
+    averaging's group of ``schedule`` and moves on to the next partition. No process group is
+    created after construction: pairs exchange point to point, a repeating schedule's larger
+    groups are made once.
+
+    Counting: :attr:`steps` counts optimizer steps (calls of :meth:`step`), :attr:`averagings`
+    counts averagings. The schedule is indexed by averagings, so a topology-aware plan keeps its
+    crossing cadence per averaging whatever ``every`` is, and ``replan`` counts averagings too.
 
     Args:
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
             tensors are re-laid into flat buckets).
-        schedule: which ranks average together at each step (default: random pairs).
+        schedule: which ranks average together at each averaging (default: random pairs; at an
+            odd world size a pair and a rank alone, shuffled each time).
         process_group: the ranks taking part (default: all); schedule ranks are ranks of it.
+        optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
+        topology: hosts and racks of the ranks (:class:`~dssync.topology.Topology`): the schedule
+            is then :func:`~dssync.schedules.topology.plan_topology_aware` of it, with crossings
+            at most ``replan`` averagings apart (8 without re-planning). For other planner
+            settings pass ``schedule=plan_topology_aware(...)`` instead.
+        replan: re-plan the topology-aware plan every ``replan`` averagings from the measured
+            sync times (0: never). Needs a plan made by ``plan_topology_aware`` (``topology=``).
+        overlap: run each average behind the next steps' compute and merge it at the next
+            averaging (``x <- mean(snapshot) + (x - snapshot)``). Not with ``replan`` (overlap
+            hides the transfer times re-planning reads) nor ``outer`` (the outer step needs the
+            mean at the averaging).
+        every: average after every ``every``-th optimizer step (H); ranks train locally in
+            between. 1 is DS-Sync as in the paper.
+        outer: a factory ``params -> torch.optim.Optimizer`` for an outer optimizer applied to
+            the pseudo-gradient at each averaging (:func:`~dssync.strategies.outer.nesterov`:
+            DiLoCo's; with ``Global()`` this is DiLoCo; see :mod:`dssync.strategies.outer`).
         average_buffers: also average floating buffers (batch-norm running mean and variance).
         broadcast_init: start every rank from rank 0's parameters and buffers (integer and bool
             buffers included), as DDP does.
-        optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         bucket_bytes: the largest flat buffer one collective moves.
+        timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
         average_frozen: also average parameters with ``requires_grad=False`` (default: they are
             only broadcast from rank 0 at start, so they never drift).
-        timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
         pairs: how pairs average: ``"exchange"`` (point to point, no group per pair) or
             ``"all_reduce"`` (on pair groups made at construction; for comparison).
         wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
             ``"int8"`` (scaled per chunk), compressed with error feedback
             (:mod:`dssync.comm.wire` says what error remains); :meth:`average_all` is exact.
-        fragments: average one of this many fragments of every buffer per step, in rotation
-            (each coordinate once every ``fragments`` steps; :class:`~dssync.schedules.Fragments`).
+        fragments: average one of this many fragments of every buffer per averaging, in
+            rotation (each coordinate once every ``fragments`` averagings;
+            :class:`~dssync.schedules.Fragments`), for any schedule and with every option.
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -72,6 +107,14 @@ class DSSync(Strategy, Joinable):
             opt.step(); opt.zero_grad()
             sync.step()
         sync.average_all()
+
+    The options compose::
+
+        DSSync(model, topology=detect(probe=True), replan=8)     # re-planned topology-aware
+        DSSync(model, topology=topo, overlap=True)               # overlapped, fixed plan
+        DSSync(model, schedule=Global(), every=500, outer=nesterov())   # DiLoCo
+        DSSync(model, every=4, outer=nesterov())                 # DiLoCo inside shuffled pairs
+        DSSync(model, topology=topo, wire="int8", fragments=4)   # a quarter of int8 per step
 
     With uneven data, ranks that run out keep serving their groups until every rank is done::
 
@@ -88,10 +131,16 @@ class DSSync(Strategy, Joinable):
         self,
         module: nn.Module,
         schedule: Schedule | None = None,
+        *,
         process_group: dist.ProcessGroup | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        topology: Topology | None = None,
+        replan: int = 0,
+        overlap: bool = False,
+        every: int = 1,
+        outer: OuterFactory | None = None,
         average_buffers: bool = True,
         broadcast_init: bool = True,
-        optimizer: torch.optim.Optimizer | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         average_frozen: bool = False,
@@ -102,36 +151,67 @@ class DSSync(Strategy, Joinable):
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
         check_module(module)
-        self.schedule = schedule if schedule is not None else Shuffle(2)
-        if fragments != 1:
-            self.schedule = Fragments(self.schedule, fragments)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
+        check_options(schedule, topology, replan, overlap, every, outer)
+        if topology is not None:
+            schedule = plan_topology_aware(topology, max_every=replan or 8)
+        if schedule is None:
+            schedule = Shuffle(2, uneven=self.world_size % 2 == 1)
+        self.fragments = fragments
+        self.schedule = Fragments(schedule, fragments) if fragments != 1 else schedule
         self.average_buffers = average_buffers
         self.average_frozen = average_frozen
         self.optimizer = optimizer
         self.bucket_bytes = bucket_bytes
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+        self.every, self.replan, self.overlap = every, replan, overlap
         self.steps = 0
+        self.averagings = 0
         self.pairs = pairs
         self.wire = codec_for(wire).name  # an unknown format is refused here, with the list
+        self._planned = self.schedule.describe()
+        self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        self.outer = None if outer is None else Outer(trainable, outer)
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
+        device = None if first is None else first.device
         self.router = Router(
             process_group,
             self.schedule,
             self.timeout_s,
             bucket_bytes,
             pairs=pairs,
-            device=None if first is None else first.device,
-            wire=wire,
+            device=device,
+            wire=self.wire,
         )
         if broadcast_init:
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
                 broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
+        if self.outer is not None:
+            self.outer.reset()
         self._prepare_cycle()
+        self.replanner = (
+            Replanner(schedule, replan, module_device(module), fragments=fragments)
+            if replan
+            else None
+        )
+        self._overlap = (
+            Overlap(
+                process_group,
+                self.timeout_s,
+                bucket_bytes,
+                device,
+                self.router.groups,
+                wire=self.wire,
+                residuals=self.router.residuals,
+            )
+            if overlap
+            else None
+        )
 
     def _tensors(self) -> list[torch.Tensor]:
         tensors = [p for p in self.module.parameters() if p.requires_grad or self.average_frozen]
@@ -152,13 +232,23 @@ class DSSync(Strategy, Joinable):
         """Process groups this wrapper has created (none after construction for its own schedules)."""
         return self.router.created
 
+    @property
+    def switches(self) -> list[tuple[int, str]]:
+        """Re-plans so far: (averaging, schedule description), alike on every rank."""
+        return [] if self.replanner is None else self.replanner.switches
+
+    @property
+    def pending(self) -> bool:
+        """True while an overlapped average is started or arrived but not yet merged."""
+        return self._overlap is not None and self._overlap.pending
+
     def current_group(self) -> list[int]:
-        """This rank's group at the current step."""
-        return group_of(self.schedule.partition(self.steps, self.world_size), self.rank)
+        """This rank's group at the next averaging."""
+        return group_of(self.schedule.partition(self.averagings, self.world_size), self.rank)
 
     @torch.no_grad()
     def step(self) -> None:
-        """Average with this step's group, then advance to the next step's partition."""
+        """Count an optimizer step; every ``every``-th one, average with this averaging's group."""
         work = Join.notify_join_context(self)
         if work is not None:
             wait(
@@ -170,47 +260,84 @@ class DSSync(Strategy, Joinable):
             )
         self._step()
 
-    after_step = step
-
     def _step(self) -> None:
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self._sync()
+
+    def _sync(self) -> None:
+        """One averaging: merge or average, the outer step, then re-planning, at these points."""
         with SyncTimer(self):
-            partition = self.schedule.partition(self.steps, self.world_size)
-            group = group_of(partition, self.rank)
-            if len(group) > 1:
-                self._average_group(group, self.schedule.part(group, self.steps, self.world_size))
-            self.steps += 1
-            self._advanced()
+            t = self.averagings
+            group = group_of(self.schedule.partition(t, self.world_size), self.rank)
+            part = self.schedule.part(group, t, self.world_size) if len(group) > 1 else WHOLE
+            if self._overlap is not None:
+                self.finish()
+                if len(group) > 1:
+                    self._overlap.start(group, t, self._snapshot(), part)
+            elif len(group) > 1:
+                self._average_group(group, part)
+            if self.outer is not None:
+                self.outer.apply()
+            self.averagings += 1
+            if self.replanner is not None:
+                self.replanner.after(self)
 
     def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
-        """Average ``part`` of the model with ``group`` (a subclass may time or wrap this)."""
-        self._average(group, len(group), part=part)
+        """Average ``part`` of the model with ``group`` (timed when re-planning)."""
+        if self.replanner is not None:
+            self.replanner.timed(self, group, part)
+        else:
+            self._average(group, len(group), part=part)
 
-    def _advanced(self) -> None:
-        """Called after each step moved to the next partition (a subclass may re-plan here)."""
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Wait for the overlapped average in flight, if any, and merge it."""
+        if self._overlap is not None:
+            state = plan_buckets(self._optimizer_state(), self.bucket_bytes)
+            self._overlap.finish([*self._fresh_buckets().buffers, *state], self.averagings)
+
+    def close(self) -> None:
+        """Finish and merge a pending average, then stop the overlap lane's worker (every rank)."""
+        self.finish()
+        if self._overlap is not None:
+            self._overlap.close()
 
     @torch.no_grad()
     def average_all(self) -> None:
         """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
         with SyncTimer(self):
+            self.finish()
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
             align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)
+            if self.outer is not None:
+                self.outer.reset()
+
+    def _fresh_buckets(self) -> FlatBuckets:
+        """The flat buckets, re-laid (with a warning) if the module's tensors were replaced."""
+        if not self._buckets.intact():
+            warnings.warn(
+                "the module's tensors were replaced since DSSync wrapped it (e.g. by .to()); "
+                "re-laying them into buckets. Move the model before wrapping to avoid this.",
+                stacklevel=4,
+            )
+            self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
+        return self._buckets
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        """Copies of the buckets and the packed optimizer state, for an overlapped average."""
+        snapshot = [b.clone() for b in self._fresh_buckets().buffers]
+        return snapshot + [flat for flat, _ in pack(self._optimizer_state(), self.bucket_bytes)]
 
     def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
         """Average buckets and optimizer state (``part`` of them) with ``group``."""
         if size < 2:
             return
-        if not self._buckets.intact():
-            warnings.warn(
-                "the module's tensors were replaced since DSSync wrapped it (e.g. by .to()); "
-                "re-laying them into buckets. Move the model before wrapping to avoid this.",
-                stacklevel=3,
-            )
-            self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         self.router.average(
             group,
             kind,
-            self.steps,
-            buffers=self._buckets.buffers,
+            self.averagings,
+            buffers=self._fresh_buckets().buffers,
             tensors=self._optimizer_state(),
             part=part,
         )
@@ -240,23 +367,46 @@ class DSSync(Strategy, Joinable):
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
     def state_dict(self) -> dict[str, Any]:
-        """The synchronization state: the schedule step and, with a compressed wire, the error
-        memory (save the module and optimizer yourself)."""
-        state = {"steps": self.steps, "schedule": self.schedule.describe()}
+        """The synchronization state (save the module and optimizer yourself): the step and
+        averaging counts, and each option's own state (outer anchors and optimizer, the pending
+        overlapped average, what re-planning learned). Saving does not change the run."""
+        state: dict[str, Any] = {
+            "steps": self.steps,
+            "averagings": self.averagings,
+            "schedule": self._planned,
+        }
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        if self._overlap is not None:
+            state["overlap"] = self._overlap.state_dict()
+        if self.replanner is not None:
+            state["replan"] = self.replanner.state_dict()
         if self.wire != "fp32":
             state["wire"] = {"format": self.wire, **self.router.residuals.state_dict()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("schedule") != self.schedule.describe():
+        """Continue where ``state`` was saved (every rank loads alike: collective on a re-plan)."""
+        if state.get("schedule") != self._planned:
             raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
-                f"{self.schedule.describe()}; resume with the same --schedule, --group-size and --seed"
+                f"{self._planned}; resume with the same --schedule, --group-size, --seed and "
+                "--replan (for a topology-aware plan, the same hosts and racks)"
             )
+        for key, on in (
+            ("outer", self.outer),
+            ("overlap", self._overlap),
+            ("replan", self.replanner),
+        ):
+            if (key in state) != (on is not None):
+                raise UsageError(
+                    f"checkpoint was written {'with' if key in state else 'without'} {key}=, "
+                    f"this run {'uses' if on is not None else 'does not use'} it; resume with "
+                    "the same options (--outer, --overlap, --replan)"
+                )
+        self.finish()  # one already in flight completes so the group's messages stay matched
         self.steps = int(state["steps"])
-        self._load_wire(state)
-
-    def _load_wire(self, state: dict[str, Any]) -> None:
+        self.averagings = int(state.get("averagings", self.steps // self.every))
         saved = state.get("wire", {"format": "fp32"})
         if saved["format"] != self.wire:
             raise UsageError(
@@ -265,6 +415,53 @@ class DSSync(Strategy, Joinable):
             )
         if self.wire != "fp32":
             self.router.residuals.load_state_dict(saved)
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+        if self._overlap is not None:
+            self._overlap.load_state_dict(state["overlap"])
+        if self.replanner is not None:
+            self.replanner.load_state_dict(state["replan"], self)
+
+
+def check_options(
+    schedule: Schedule | None,
+    topology: Topology | None,
+    replan: int,
+    overlap: bool,
+    every: int,
+    outer: OuterFactory | None,
+) -> None:
+    """Refuse a value or a pair of DSSync's options that cannot work, naming why and the fix."""
+    if every < 1:
+        raise UsageError(f"every={every} must be >= 1 (optimizer steps per averaging); try 1 or 4")
+    if replan < 0:
+        raise UsageError(f"replan={replan} must be >= 0 (averagings between re-plans; 0: off)")
+    if topology is not None and schedule is not None:
+        raise UsageError(
+            "pass topology= or schedule=, not both: topology= makes the schedule "
+            "(plan_topology_aware(topology)); for other planner settings pass that schedule"
+        )
+    if replan and topology is None and getattr(schedule, "planned_from", None) is None:
+        raise UsageError(
+            f"replan={replan} re-plans a topology-aware plan, but the schedule is "
+            f"{'the default' if schedule is None else schedule.describe()}; pass topology= "
+            "(or schedule=plan_topology_aware(...)), or replan=0"
+        )
+    if overlap and replan:
+        raise UsageError(
+            "overlap=True with replan: an overlapped average hides its transfer time, which is "
+            "what re-planning measures; use one of them (replan=0, or overlap=False)"
+        )
+    if overlap and outer is not None:
+        raise UsageError(
+            "overlap=True with outer=: the outer step needs the group's mean at the averaging, "
+            "which overlap delivers only at the next one; use one of them"
+        )
+    if outer is not None and not callable(outer):
+        raise UsageError(
+            f"outer= must be a factory params -> torch.optim.Optimizer, not {type(outer).__name__}; "
+            "try outer=dssync.nesterov()"
+        )
 
 
 class _ServeGroups(JoinHook):

@@ -42,7 +42,7 @@ class DPSGD(Strategy):
         strategy = DPSGD(model)
         loss_fn(model(x), y).backward()
         optimizer.step()
-        strategy.after_step()        # mix with both ring neighbours
+        strategy.step()        # mix with both ring neighbours
         strategy.average_all()       # one global average for the final model
     """
 
@@ -82,7 +82,7 @@ class DPSGD(Strategy):
         return sorted([self.rank, *self.peers])
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         """Send the buckets to both neighbours, receive theirs, keep the mean of the three."""
         with SyncTimer(self):
             if self.peers:

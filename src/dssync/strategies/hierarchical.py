@@ -37,7 +37,7 @@ class Hierarchical(Strategy):
 
         topo = dssync.topology.detect()
         strategy = Hierarchical(model, topo)
-        loss.backward(); strategy.after_backward(); optimizer.step(); strategy.after_step()
+        loss.backward(); strategy.after_backward(); optimizer.step(); strategy.step()
     """
 
     name = "hierarchical"
@@ -119,7 +119,7 @@ class Hierarchical(Strategy):
             unpack(flats)
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         self.steps += 1
         if self._buffers:
             with SyncTimer(self):

@@ -1,4 +1,4 @@
-"""Local SGD: every rank trains alone and all ranks average their parameters every ``period`` steps."""
+"""Local SGD: every rank trains alone and all ranks average their parameters every ``every`` steps."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from dssync.strategies.base import Strategy, SyncTimer
 
 
 class LocalSGD(Strategy):
-    """Global parameter averaging every ``period`` steps (period 1 is plain model averaging).
+    """Global parameter averaging every ``every`` steps (every=1 is plain model averaging).
 
     The averaging goes through the same core as DS-Sync (:class:`dssync.comm.averager.Router`).
 
     Example::
 
-        strategy = LocalSGD(model, period=4)
+        strategy = LocalSGD(model, every=4)
         ...
-        optimizer.step(); strategy.after_step()
+        optimizer.step(); strategy.step()
     """
 
     name = "local-sgd"
@@ -32,15 +32,15 @@ class LocalSGD(Strategy):
     def __init__(
         self,
         module: nn.Module,
-        period: int = 4,
+        every: int = 4,
         process_group: dist.ProcessGroup | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(module, process_group)
-        if period < 1:
-            raise UsageError(f"period={period} must be >= 1 (steps between global averages)")
-        self.period = period
+        if every < 1:
+            raise UsageError(f"every={every} must be >= 1 (steps between global averages)")
+        self.every = every
         self.steps = 0
         self.world_size = dist.get_world_size(process_group)
         tensors = [p for p in module.parameters() if p.requires_grad]
@@ -57,9 +57,9 @@ class LocalSGD(Strategy):
             )
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         self.steps += 1
-        if self.steps % self.period == 0:
+        if self.steps % self.every == 0:
             self.average_all()
 
     @torch.no_grad()

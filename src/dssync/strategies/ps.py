@@ -53,7 +53,7 @@ Example (under ``torchrun`` or :func:`dssync.launch.spawn`)::
     loss_fn(model(x), y).backward()
     strategy.after_backward()     # push gradients, ask for the next parameters
     optimizer.step()
-    strategy.after_step()         # take the server's parameters
+    strategy.step()         # take the server's parameters
     strategy.average_all()        # every rank ends with the server's final parameters
 """
 
@@ -181,7 +181,7 @@ class ParameterServer(Strategy):
             ]
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         with SyncTimer(self):
             if self.server is not None:
                 self._take(self.server.pulled(self.clock))
@@ -331,7 +331,7 @@ class _Server:
             if clock != self.pushed[worker] + 1:
                 raise SyncError(
                     f"rank {worker} pushed clock {clock} after {self.pushed[worker]}; every rank "
-                    "must call after_backward and after_step once per step",
+                    "must call after_backward and step once per step",
                     step=clock,
                     ranks=[worker],
                 )

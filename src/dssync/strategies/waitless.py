@@ -40,7 +40,7 @@ Example (under torchrun or :func:`dssync.launch.spawn`)::
     for x, y in loader:
         loss_fn(model(x), y).backward()
         opt.step(); opt.zero_grad()
-        sync.after_step()        # active: average with this step's passive; passive: merge
+        sync.step()        # active: average with this step's passive; passive: merge
     sync.average_all()           # every rank ends with the global mean
 """
 
@@ -81,7 +81,7 @@ class AsyncDSSync(Strategy):
     Example::
 
         sync = AsyncDSSync(model)
-        sync.after_step()            # after each optimizer step
+        sync.step()            # after each optimizer step
         sync.average_all()
     """
 
@@ -152,7 +152,7 @@ class AsyncDSSync(Strategy):
             offset += n
 
     @torch.no_grad()
-    def after_step(self) -> None:
+    def step(self) -> None:
         with SyncTimer(self):
             if self.server is not None:
                 self.server.start()

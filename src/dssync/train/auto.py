@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
 from dssync.comm.side import side_group
+from dssync.methods import DEFAULT_WINDOW, for_method
 from dssync.topology import Topology, detect
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
@@ -64,15 +65,16 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
-    choice = choose(topo, params, compute_s, repeat=cfg.replan_every)
+    choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW)
     return Decision(choice.method, choice.reason, compute_s, topo)
 
 
 def resolve(
     cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device
 ) -> tuple[TrainConfig, Decision | None]:
-    """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is)."""
+    """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
+    options given (``--every`` etc.) reach the chosen method if it takes them."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
-    return replace(cfg, sync=decision.method), decision
+    return for_method(cfg, decision.method), decision

@@ -13,6 +13,9 @@ class TrainConfig:
     ``device`` is ``auto`` (CUDA when present, the GPU chosen by LOCAL_RANK), ``cpu`` or ``cuda``.
     ``powersgd_rank`` is the rank of PowerSGD's low-rank approximation; ``staleness`` is how many
     steps SSP lets the fastest worker run ahead of the slowest (0 is synchronous SGD).
+    ``every``, ``replan``, ``overlap`` and ``outer`` are DS-Sync's options (``every`` is also
+    local SGD's period); None takes the method's preset (:func:`dssync.methods.configure`).
+    ``outer_lr`` is the rate of ``outer="nesterov"`` (DiLoCo's 0.7).
     Fault injection (a crashing or slow rank) is not a setting: tests and benchmarks pass a
     :class:`dssync.train.hooks.StepHook` to :func:`dssync.train.run_training` instead.
 
@@ -26,7 +29,11 @@ class TrainConfig:
     schedule: str = "shuffle"
     group_size: int = 2
     repeat: int | None = None
-    replan_every: int = 8
+    every: int | None = None
+    replan: int | None = None
+    overlap: bool | None = None
+    outer: str | None = None
+    outer_lr: float = 0.7
     epochs: int = 3
     seed: int = 0
     batch_size: int | None = None
@@ -34,7 +41,6 @@ class TrainConfig:
     lr_schedule: str | None = None
     data_dir: str | None = None
     workload_options: dict[str, Any] = field(default_factory=dict)
-    local_sgd_period: int = 4
     average_momentum: bool = False
     bucket_mb: float = 25.0
     timeout_s: float = 120.0

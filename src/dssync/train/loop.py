@@ -184,7 +184,7 @@ def timed_step(
         hook.before_sync(rank, run.step + 1)
         strategy.after_backward()
         optimizer.step()
-        strategy.after_step()
+        strategy.step()
         optimizer.zero_grad(set_to_none=True)
     except LOST_PEER_ERRORS as e:
         raise lost_peer(e, strategy, rank, run.step + 1) from e

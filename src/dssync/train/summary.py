@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from dssync.comm import average_tensors, consensus_distance
 from dssync.comm.side import side_group
+from dssync.methods import configure
 from dssync.strategies import Strategy
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
@@ -132,7 +133,7 @@ def summarize(
     )
     iters = [(r["compute_s"] + r["sync_s"]) / steps_done for r in per_rank]
     return {
-        "config": cfg.to_dict(),
+        "config": configure(cfg).to_dict(),  # with the options the method's preset filled in
         "world_size": world,
         "device": str(device),
         "workload": wl.name,

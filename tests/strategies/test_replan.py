@@ -1,4 +1,4 @@
-"""Group adjustment: every rank switches to the same re-planned schedule at the same step."""
+"""Re-planning (``DSSync(replan=R)``): every rank switches to the same re-planned schedule at once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from dssync import DSSync
 from dssync.errors import UsageError
 from dssync.launch import spawn
-from dssync.strategies.adaptive import AdaptiveDSSync, adjust_topology, own_stats
+from dssync.strategies.replan import adjust_topology, own_stats
 from dssync.topology import Topology
 
 TOPO = Topology(
@@ -22,7 +23,7 @@ TOPO = Topology(
 SLOW_FROM, SLOW_UNTIL = 8, 24  # steps during which crossing the racks is slow
 
 
-class SlowCrossing(AdaptiveDSSync):
+class SlowCrossing(DSSync):
     """Crossing groups take 100 ms longer while the 'uplink' is contended.
 
     The sleep comes after the average, once the peers' tags have arrived, so it counts as
@@ -32,14 +33,16 @@ class SlowCrossing(AdaptiveDSSync):
     def _average(self, pg, size, **kwargs):
         group = self.current_group()
         super()._average(pg, size, **kwargs)
-        if SLOW_FROM <= self.steps < SLOW_UNTIL and len({self._home[r] for r in group}) > 1:
+        home = self.replanner._home
+        if SLOW_FROM <= self.averagings < SLOW_UNTIL and len({home[r] for r in group}) > 1:
             time.sleep(0.1)  # after the tags arrived: transfer time, as on a slow link
 
 
 def _run(steps: int):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
-    sync = SlowCrossing(model, TOPO, replan_every=4, min_signal_s=0.03)
+    sync = SlowCrossing(model, topology=TOPO, replan=4)
+    sync.replanner.min_signal_s = 0.03
     for _ in range(steps):
         time.sleep(0.002)
         sync.step()
@@ -80,16 +83,17 @@ def test_no_samples_keep_the_estimate():
 
 def _resume(steps: int):
     torch.manual_seed(0)
-    sync = SlowCrossing(nn.Linear(4, 2), TOPO, replan_every=4, min_signal_s=0.03)
+    sync = SlowCrossing(nn.Linear(4, 2), topology=TOPO, replan=4)
+    sync.replanner.min_signal_s = 0.03
     for _ in range(steps):
         time.sleep(0.002)
         sync.step()
     state = sync.state_dict()
-    fresh = AdaptiveDSSync(nn.Linear(4, 2), TOPO, replan_every=4)
+    fresh = DSSync(nn.Linear(4, 2), topology=TOPO, replan=4)
     before = fresh.schedule.describe()
     fresh.load_state_dict(state)
     ahead = [sync.schedule.partition(s, 6) for s in range(steps, steps + 8)]
-    other = AdaptiveDSSync(nn.Linear(4, 2), TOPO, replan_every=8)
+    other = DSSync(nn.Linear(4, 2), topology=TOPO, replan=8)
     try:
         other.load_state_dict(state)
         refused = ""
@@ -112,4 +116,4 @@ def test_a_resumed_run_keeps_its_re_planned_groups():
     ):
         assert switches and planned != before  # contention made it re-plan before the save
         assert resumed == planned and resumed_ahead == ahead
-        assert "replan_every=4" in refused and "--replan-every" in refused  # another setup
+        assert "--replan" in refused  # another plan window

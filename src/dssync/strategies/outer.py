@@ -1,0 +1,119 @@
+"""An outer optimizer applied at each averaging (``DSSync(outer=...)``): DiLoCo inside the groups.
+
+Each rank keeps an anchor ``a_i``: its parameters just after the last averaging. Between
+averagings the rank trains locally (``every`` inner steps). At an averaging the group averages
+the parameters as usual, giving ``x̄_g``; then the pseudo-gradient ``Δ_i = a_i - x̄_g`` is handed
+to the outer optimizer as the anchor's gradient, the outer optimizer steps the anchor, and the
+parameters restart from it: ``x_i <- a_i``. The bytes moved are DS-Sync's own (the parameters,
+once); nothing else crosses the network.
+
+* With ``Global()`` every anchor is the same, and the mean of the workers' pseudo-gradients
+  ``a - x_i`` is ``a - x̄``: this is DiLoCo (Douillard et al., arXiv 2311.08105) exactly.
+* Outer SGD with ``lr=1`` and no momentum gives ``a_i <- x̄_g``: plain DS-Sync with local steps.
+* With groups that change at every averaging (``Shuffle``), each rank's outer momentum holds the
+  decayed sum of *its own* pseudo-gradients, each measured against whichever group it averaged
+  with then; it is not shared with the partner of the moment. The global mean is still kept: a
+  group's average is doubly stochastic, so the pseudo-gradients' mean over all ranks is
+  ``mean(a) - mean(x)``, and for an outer optimizer that is linear in its gradients (SGD, with
+  momentum or Nesterov) the per-rank momentum buffers and steps sum linearly, so the mean
+  anchor follows DiLoCo applied to the global mean exactly. Partners disagree on their anchors
+  afterwards (each keeps ``a_i - lr * (...)``, not the group mean), so consensus is reached
+  more slowly than with plain averaging; with no gradient steps the disagreement still
+  contracts for the default rate and momentum. For Adam (not linear: per-rank second moments
+  divide each rank's step differently) the mean is not kept exactly.
+
+Checkpoints: :meth:`Outer.state_dict` holds the anchors and the outer optimizer's state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class Nesterov:
+    """A picklable factory of DiLoCo's outer optimizer (made by :func:`nesterov`)."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def __call__(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        nesterov = self.momentum > 0
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, nesterov=nesterov)
+
+
+def nesterov(lr: float = 0.7, momentum: float = 0.9) -> OuterFactory:
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum (lr 0.7, momentum 0.9 by default).
+
+    ``nesterov(lr=1.0, momentum=0.0)`` is plain SGD at rate 1: plain DS-Sync with local steps.
+    The factory pickles (spawned workers, Lightning's strategies may carry it).
+
+    Example::
+
+        sync = DSSync(model, schedule=Global(), every=500, outer=nesterov())
+    """
+    return Nesterov(lr, momentum)
+
+
+class Outer:
+    """Anchors and the outer optimizer of one DSSync (see the module docstring).
+
+    Example (what ``DSSync(outer=nesterov())`` does at named points)::
+
+        outer = Outer(trainable_params, nesterov())
+        outer.reset()       # anchors <- parameters (after the start-up broadcast, average_all)
+        outer.apply()       # after each averaging: a <- outer step on a - x; x <- a
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], factory: OuterFactory) -> None:
+        self.params = list(params)
+        self.anchors = [p.detach().clone() for p in self.params]
+        self.optimizer = factory(self.anchors)
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            from dssync.errors import UsageError
+
+            raise UsageError(
+                f"outer= must be a factory params -> torch.optim.Optimizer; it returned "
+                f"{type(self.optimizer).__name__}; try outer=dssync.nesterov()"
+            )
+
+    def describe(self) -> str:
+        """The optimizer's type and settings (what every rank must agree on)."""
+        opt = self.optimizer
+        groups = [{k: v for k, v in sorted(g.items()) if k != "params"} for g in opt.param_groups]
+        return f"{type(opt).__name__}{groups}"
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Anchors <- the parameters as they are now (the outer optimizer's state is kept)."""
+        for a, p in zip(self.anchors, self.params, strict=True):
+            a.copy_(p)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """After an averaging: pseudo-gradient a - x, one outer step on the anchors, x <- a."""
+        for a, p in zip(self.anchors, self.params, strict=True):
+            a.grad = a - p
+        self.optimizer.step()
+        for a, p in zip(self.anchors, self.params, strict=True):
+            p.copy_(a)
+            a.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "anchors": [a.clone() for a in self.anchors],
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for a, saved in zip(self.anchors, state["anchors"], strict=True):
+            a.copy_(saved)
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
