@@ -32,6 +32,7 @@ SLOW = (
     "tests/cli/test_hostile_input.py::test_bad_input_in_a_real_process[corrupted checkpoint]",  # 11
     "tests/integrations/test_runnable_examples.py",  # 11-23 each
     # measured in the quick tier, over SLOW_S
+    "tests/comm/test_wire.py::test_int8_composes_with_every_option_and_resumes_bit_exact",  # 11-12
     "tests/strategies/test_waitless.py::test_averages_keep_the_mean_shrink_the_spread_and_end_identical",  # 21
     "tests/strategies/test_ps.py::test_ssp0_with_plain_sgd_is_synchronous_sgd",  # 20
     "tests/train/test_lr.py::test_training_holds_the_rate_while_averaging_weights",  # 19

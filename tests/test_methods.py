@@ -132,6 +132,34 @@ def test_a_preset_fills_its_options_and_the_user_overrides_them():
     assert configure(TrainConfig(sync="bsp")).every is None  # bsp takes no option
 
 
+def _built_with_wire():
+    module = nn.Linear(3, 2)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    s = build_strategy(
+        configure_cfg(TrainConfig(sync="diloco", wire="int8", fragments=2, timeout_s=30)),
+        module,
+        opt,
+        topology=Topology(hosts=(0, 1), racks=(0, 0)),
+    )
+    return s.wire, s.schedule.describe()
+
+
+def configure_cfg(cfg: TrainConfig) -> TrainConfig:
+    from dssync.methods import configure
+
+    return configure(cfg)
+
+
+def test_wire_and_fragments_reach_every_ds_sync_preset_and_no_other():
+    wire, schedule = spawn(_built_with_wire, 2, timeout_s=60)[0]
+    assert wire == "int8" and schedule.startswith("Fragments(Global") and "fragments=2" in schedule
+    assert configure_cfg(TrainConfig(sync="dssync-topo")).wire == "fp32"
+    with pytest.raises(UsageError, match="bsp does not take --wire"):
+        configure_cfg(TrainConfig(sync="bsp", wire="int8"))
+    with pytest.raises(UsageError, match="local-sgd does not take --fragments"):
+        configure_cfg(TrainConfig(sync="local-sgd", fragments=2))
+
+
 def test_an_option_the_method_does_not_take_is_refused_naming_who_does():
     from dssync.errors import UsageError
     from dssync.methods import configure

@@ -37,8 +37,9 @@ class DSSyncLocal:
         schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         enabled: ``False`` leaves DDP as it is and makes :meth:`step` do nothing.
-        topology, replan, overlap, every, outer: :class:`dssync.DSSync`'s options, the same
-            names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups).
+        topology, replan, overlap, every, outer, wire, fragments: :class:`dssync.DSSync`'s
+            options, the same names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo
+            in the groups).
 
     Example (``torchrun --nproc-per-node 2 train.py``; ``Accelerator(cpu=True)`` on CPUs)::
 
@@ -65,6 +66,8 @@ class DSSyncLocal:
         overlap: bool = False,
         every: int = 1,
         outer: OuterFactory | None = None,
+        wire: str = "fp32",
+        fragments: int = 1,
     ) -> None:
         if accelerator.distributed_type in _SHARDED:
             raise UsageError(
@@ -92,6 +95,8 @@ class DSSyncLocal:
                 overlap=overlap,
                 every=every,
                 outer=outer,
+                wire=wire,
+                fragments=fragments,
             )
         self._no_sync: AbstractContextManager | None = None
 

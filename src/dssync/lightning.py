@@ -36,8 +36,9 @@ class DSSyncStrategy(DDPStrategy):
         average_buffers: also average floating buffers such as batch-norm statistics.
         average_optimizer_state: also average the optimizer's floating state (momentum, Adam
             moments); needs exactly one optimizer. Checkpoints then resume every rank exactly.
-        topology, replan, overlap, every, outer: :class:`dssync.DSSync`'s options, the same
-            names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups).
+        topology, replan, overlap, every, outer, wire, fragments: :class:`dssync.DSSync`'s
+            options, the same names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo
+            in the groups; ``wire="int8"``: compressed exchanges).
         **kwargs: DDPStrategy's own settings (``process_group_backend``, ``timeout``,
             ``start_method``, ...); DistributedDataParallel's options are refused.
 
@@ -68,6 +69,8 @@ class DSSyncStrategy(DDPStrategy):
         overlap: bool = False,
         every: int = 1,
         outer: OuterFactory | None = None,
+        wire: str = "fp32",
+        fragments: int = 1,
         **kwargs: Any,
     ) -> None:
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -91,6 +94,8 @@ class DSSyncStrategy(DDPStrategy):
             "overlap": overlap,
             "every": every,
             "outer": outer,
+            "wire": wire,
+            "fragments": fragments,
         }
         self.average_buffers = average_buffers
         self.average_optimizer_state = average_optimizer_state

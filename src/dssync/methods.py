@@ -58,7 +58,14 @@ TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not gi
 RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
 # The options a preset sets and a user may override (TrainConfig fields, None: the preset's),
 # with their value when neither does. They are DSSync's keyword options of the same names.
-OPTIONS: dict[str, Any] = {"every": 1, "replan": 0, "overlap": False, "outer": "none"}
+OPTIONS: dict[str, Any] = {
+    "every": 1,
+    "replan": 0,
+    "overlap": False,
+    "outer": "none",
+    "wire": "fp32",
+    "fragments": 1,
+}
 OUTERS = ("none", "nesterov")  # --outer: none, or DiLoCo's SGD with Nesterov momentum
 DEFAULT_WINDOW = 8  # a topology plan's longest gap between crossings when it is not re-planned
 
@@ -147,6 +154,8 @@ def _dssync(
         bucket_bytes=_bucket_bytes(cfg),
         timeout_s=cfg.timeout_s,
         pairs=pairs,
+        wire=cfg.wire or "fp32",
+        fragments=cfg.fragments or 1,
     )
 
 

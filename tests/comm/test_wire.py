@@ -206,3 +206,59 @@ def test_average_all_is_exact_and_returns_what_the_encodings_lost():
     finals = [w for _, w in got]
     assert all(torch.equal(finals[0], w) for w in finals)
     assert float((finals[0].double() - true_mean).abs().max()) < 1e-6
+
+
+COMBOS = {
+    "overlap": {"overlap": True},
+    "every-outer": {"every": 2, "outer": "nesterov"},
+    "fragments-every": {"fragments": 3, "every": 2},
+    "topology-replan-fragments": {"topology": True, "replan": 2, "fragments": 2},
+}
+
+
+def _combo_run(name: str, split: int | None, path: str):
+    from dssync import nesterov
+    from dssync.topology import Topology
+
+    torch.set_num_threads(1)
+    options = dict(COMBOS[name])
+    if options.pop("topology", False):
+        options["topology"] = Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 0, 0))
+    if options.get("outer"):
+        options["outer"] = nesterov()
+
+    def make():
+        torch.manual_seed(3)
+        model = torch.nn.Linear(40, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        return model, opt, DSSync(model, optimizer=opt, wire="int8", timeout_s=30, **options)
+
+    model, opt, sync = make()
+    gen = torch.Generator().manual_seed(10 + dist.get_rank())
+    for i, x in enumerate(torch.randn(8, 6, 40, generator=gen)):
+        if i == split:
+            state = {"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()}
+            torch.save(state, f"{path}.{dist.get_rank()}")
+            sync.close()
+            model, opt, sync = make()
+            saved = torch.load(f"{path}.{dist.get_rank()}", weights_only=False)
+            model.load_state_dict(saved["m"])
+            opt.load_state_dict(saved["o"])
+            sync.load_state_dict(saved["s"])
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    sync.average_all()
+    sync.close()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name", sorted(COMBOS))
+def test_int8_composes_with_every_option_and_resumes_bit_exact(name, tmp_path):
+    straight = spawn(_combo_run, 4, args=(name, None, str(tmp_path / "c")), timeout_s=90)
+    resumed = spawn(_combo_run, 4, args=(name, 5, str(tmp_path / "c")), timeout_s=90)
+    for r in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(straight[0], straight[r], strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(straight[r], resumed[r], strict=True)), r

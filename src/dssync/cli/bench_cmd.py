@@ -9,6 +9,7 @@ import click
 
 from dssync.bench.cluster_worker import Burn
 from dssync.cli.output import console, write_json
+from dssync.comm.wire import WIRES
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
 from dssync.methods import OUTERS, get_method, help_text
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
@@ -128,6 +129,18 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     "--overlap/--no-overlap", default=None, help="Overlapped averages (default: each preset's)."
 )
 @click.option(
+    "--wire",
+    type=click.Choice(WIRES),
+    default=None,
+    help="What the DS-Sync presets send: fp32, bf16, fp16 or int8 (default: each preset's).",
+)
+@click.option(
+    "--fragments",
+    type=click.IntRange(1),
+    default=None,
+    help="Fragments of the model averaged in rotation by the DS-Sync presets (default: 1).",
+)
+@click.option(
     "--replan",
     type=click.IntRange(0),
     default=None,
@@ -153,6 +166,8 @@ def bench(
     every,
     outer,
     overlap,
+    wire,
+    fragments,
     replan,
 ) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
@@ -177,6 +192,8 @@ def bench(
                 "every": every,
                 "outer": outer,
                 "overlap": overlap,
+                "wire": wire,
+                "fragments": fragments,
                 "replan": replan,
             }.items()
             if v is not None

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from dssync.comm.wire import WIRES
 from dssync.methods import OUTERS
 from dssync.schedules import SCHEDULE_NAMES
 from dssync.train import TrainConfig
@@ -118,6 +119,20 @@ OPTIONS = [
         "--overlap/--no-overlap",
         default=None,
         help="Run each DS-Sync average behind the next steps' compute (default: the method's).",
+    ),
+    click.option(
+        "--wire",
+        type=click.Choice(WIRES),
+        default=None,
+        help="What DS-Sync sends: fp32, or bf16/fp16/int8 with error feedback (default: the "
+        "method's, fp32).",
+    ),
+    click.option(
+        "--fragments",
+        type=click.IntRange(1),
+        default=None,
+        help="Average one of this many fragments of the model per DS-Sync averaging, in "
+        "rotation (default: the method's, 1: the whole model).",
     ),
     click.option(
         "--replan",

@@ -34,6 +34,8 @@ class TrainConfig:
     overlap: bool | None = None
     outer: str | None = None
     outer_lr: float = 0.7
+    wire: str | None = None
+    fragments: int | None = None
     epochs: int = 3
     seed: int = 0
     batch_size: int | None = None
