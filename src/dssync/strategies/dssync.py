@@ -171,7 +171,6 @@ class DSSync(Strategy, Joinable):
         self.pairs = pairs
         self.wire = codec_for(wire).name  # an unknown format is refused here, with the list
         self._planned = self.schedule.describe()
-        self.schedule.partition(0, self.world_size)  # a schedule that cannot fit fails here
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.outer = None if outer is None else Outer(trainable, outer)
         check_start(self)
