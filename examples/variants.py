@@ -5,7 +5,6 @@ import torch
 import torch.distributed as dist
 
 import dssync
-from dssync.strategies import OverlapDSSync
 
 
 def train(model, opt, after_step, steps=20):
@@ -24,7 +23,7 @@ model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 # [start:overlap]
-sync = OverlapDSSync(model, schedule=dssync.Shuffle(2, seed=0), optimizer=opt)
+sync = dssync.DSSync(model, dssync.Shuffle(2, seed=0), optimizer=opt, overlap=True)
 train(model, opt, sync.step)  # sync.step() starts this step's average and returns
 sync.average_all()  # merges the average in flight, then one global average
 sync.close()  # stops the lane's thread
@@ -33,7 +32,7 @@ print(f"rank {rank}: overlapped, weight norm {model.weight.norm().item():.6f}")
 
 # [start:async]
 sync = dssync.AsyncDSSync(model, seed=0)  # even ranks ask, odd ranks answer from a thread
-train(model, opt, sync.after_step)
+train(model, opt, sync.step)
 sync.average_all()  # ends the asynchronous phase with one global average
 # [end:async]
 print(f"rank {rank}: wait-avoiding, weight norm {model.weight.norm().item():.6f}")
