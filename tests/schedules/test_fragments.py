@@ -10,8 +10,9 @@ import torch.distributed as dist
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
 from dssync.launch import spawn
-from dssync.schedules import Fragments, TopologyAware, group_of, spectral_gap
+from dssync.schedules import Fragments, group_of, plan_topology_aware
 from dssync.schedules.base import part_slice
+from dssync.topology import Topology
 
 
 def test_fragments_rotate_and_keep_the_groups():
@@ -22,15 +23,21 @@ def test_fragments_rotate_and_keep_the_groups():
         assert {tuple(s.part(g, t, 8)) for g in p} == {(t % 3, 3)}
 
 
-def test_fragments_compose_with_a_spread_plan_and_still_mix():
-    plan = TopologyAware([[0, 1, 2, 3], [4, 5, 6, 7]], cross_every=4)
-    s = Fragments(plan, 2)
-    for t in range(8):
+def test_fragments_compose_with_a_spread_plan_and_every_part_crosses():
+    racks = Topology(hosts=tuple(range(8)), racks=(0, 0, 0, 0, 1, 1, 1, 1))
+    plan = plan_topology_aware(racks, 2, 0, max_every=8)  # crossings spread over 4 slices
+    s = Fragments(plan, 4)
+    crossing = set()
+    for t in range(s.cycle(8)):
         for g in s.partition(t, 8):
             i, n = plan.part(g, t, 8)
-            assert s.part(g, t, 8) == (i * 2 + t % 2, n * 2)
-    assert spectral_gap(s, 8, steps=64) > 0
-    assert s.cycle(8) is None or s.cycle(8) % 2 == 0
+            index, parts = s.part(g, t, 8)
+            assert parts == n * 4 and index // 4 == i  # slice i of the plan, cut in 4
+            if len({r // 4 for r in g}) > 1:
+                crossing.add((index, parts))
+    assert plan.part([0, 4], 0, 8)[1] > 1  # the plan does slice its crossings
+    parts = {p for _, p in crossing}
+    assert crossing == {(k, p) for p in parts for k in range(p)}  # every part crosses the racks
 
 
 def test_bad_fragments_name_the_fix():

@@ -72,7 +72,7 @@ def check_start(sync: Any) -> None:
         if opt is None
         else (type(opt).__name__, [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups])
     )
-    refusal, timeout_s = None, sync.timeout_s
+    refusal, timeout_s = getattr(sync, "_refusal", None), sync.timeout_s
     if not timeout_s or timeout_s <= 0:
         refusal = (
             f"timeout_s={timeout_s!r} must be a positive number of seconds; the default is 120"
@@ -93,6 +93,7 @@ def check_start(sync: Any) -> None:
         "schedule": schedule,
         "bucket_bytes": _show(sync.bucket_bytes),
         "average_buffers": _show(sync.average_buffers),
+        "broadcast_init": _show(getattr(sync, "broadcast_init", True)),
         "frozen parameters (requires_grad=False) and average_frozen": _show(
             (frozen, sync.average_frozen)
         ),
@@ -110,6 +111,7 @@ def check_start(sync: Any) -> None:
         "schedule": "give every rank the same schedule type, group size and seed",
         "bucket_bytes": "pass the same bucket_bytes on every rank",
         "average_buffers": "pass the same average_buffers on every rank",
+        "broadcast_init": "pass the same broadcast_init on every rank",
         "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
         "optimizer (given or not, its type and parameter shapes)": "pass optimizer= on every rank or on none, built alike",
         "every (optimizer steps per averaging)": "pass the same every= (--every) on every rank",

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.exchange import RollCall, swap_ops, wait
+from dssync.comm.inflight import lend
 from dssync.comm.tags import Tag, check_peers
 from dssync.comm.wire import Codec, encode_with_feedback, mean_in_order
 
@@ -76,6 +77,7 @@ def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
             for out, theirs in zip(msg, into, strict=True):
                 ops += swap_ops(theirs, out, _global(pg, p), pg)
     timeout_s = max(deadline - time.monotonic(), 0.001)
+    lend(op.tensor for op in ops)  # held by gloo's threads until they let go (see inflight)
     for w in dist.batch_isend_irecv(ops):
         wait(w, deadline, tag, group, timeout_s, peers if len(peers) == 1 else None)
     check_peers(tag, tags, group)
@@ -87,13 +89,15 @@ def _gathered(sent, buffers, codec, pg, group, tag, deadline, roll):
     mine = tag.tensor(device)
     tags = [torch.empty_like(mine) for _ in group]
     timeout_s = max(deadline - time.monotonic(), 0.001)
-    works = [dist.all_gather(tags, mine, group=pg, async_op=True)]
     lists = []
     for msg, b in zip(sent, buffers, strict=True):
-        for j, out in enumerate(msg):
-            into = [codec.empty(b.numel(), b)[j] for _ in group]
-            lists.append(into)
-            works.append(dist.all_gather(into, out, group=pg, async_op=True))
+        for j in range(len(msg)):
+            lists.append([codec.empty(b.numel(), b)[j] for _ in group])
+    outs = [out for msg in sent for out in msg]
+    lend([mine, *tags, *outs, *(t for into in lists for t in into)])  # see inflight
+    works = [dist.all_gather(tags, mine, group=pg, async_op=True)]
+    for into, out in zip(lists, outs, strict=True):
+        works.append(dist.all_gather(into, out, group=pg, async_op=True))
     wait(works[0], deadline, tag, group, timeout_s, roll=roll)
     check_peers(tag, dict(enumerate(tags)), group)
     arrived = time.perf_counter()

@@ -40,6 +40,8 @@ Example::
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -151,8 +153,19 @@ class Residuals:
 
     def like(self, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
         """The residuals for ``buffers`` (made as zeros when their shapes changed)."""
+        if [t.device for t in self.tensors] != [b.device for b in buffers] and [
+            t.numel() for t in self.tensors
+        ] == [b.numel() for b in buffers]:
+            self.tensors = [t.to(b.device) for t, b in zip(self.tensors, buffers, strict=True)]
         shapes = [(b.numel(), b.dtype, b.device) for b in buffers]
         if [(t.numel(), t.dtype, t.device) for t in self.tensors] != shapes:
+            if any(bool(t.any()) for t in self.tensors):
+                warnings.warn(
+                    "the averaged buffers changed shape (another bucket_bytes, optimizer state "
+                    "made or dropped, or a checkpoint of another model): the wire's error "
+                    "memory starts again from zero, so what the last encodings lost is dropped",
+                    stacklevel=4,
+                )
             self.tensors = [torch.zeros_like(b) for b in buffers]
         return self.tensors
 

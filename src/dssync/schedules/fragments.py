@@ -5,8 +5,8 @@
 every 4 steps, by the groups of the steps its fragment comes up. It is the one mechanism behind
 sliced averaging (:meth:`Schedule.part`, which the averaging core slices by), the same one
 ``TopologyAware(spread=True)`` uses for its crossings. When the wrapped schedule already slices a
-group (a spread crossing), the two compose: slice ``j`` of its ``P`` slices becomes part
-``j * F + t % F`` of ``P * F``.
+group (a spread crossing moves slice ``t % P`` of ``P``), the two compose: slice ``j`` becomes
+part ``j * F + (t // P) % F`` of ``P * F``, so over ``P * F`` steps every part crosses.
 
 Why it still reaches consensus: at a step, a coordinate whose fragment is not averaged sees the
 identity, the others the step's mixing matrix; both are doubly stochastic, so the mean of every
@@ -45,11 +45,22 @@ class Fragments(Schedule):
 
     def part(self, group: Group, step: int, world_size: int) -> Part:
         index, parts = self.schedule.part(group, step, world_size)
-        return (index * self.fragments + step % self.fragments, parts * self.fragments)
+        # A slicing schedule rotates its own index with the step (a crossing's slice is
+        # step % parts): the fragment then advances once per round of those slices, so every
+        # (slice, fragment) pair comes up, instead of the two indices moving in lockstep.
+        fragment = (step // parts) % self.fragments
+        return (index * self.fragments + fragment, parts * self.fragments)
 
     def cycle(self, world_size: int) -> int | None:
         inner = self.schedule.cycle(world_size)
-        return None if inner is None else math.lcm(inner, self.fragments)
+        if inner is None:
+            return None
+        parts = {
+            self.schedule.part(g, t, world_size)[1]
+            for t in range(inner)
+            for g in self.schedule.partition(t, world_size)
+        }
+        return math.lcm(inner, *(p * self.fragments for p in parts))
 
     def describe(self) -> str:
         return f"Fragments({self.schedule.describe()}, fragments={self.fragments})"

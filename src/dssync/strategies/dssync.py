@@ -153,7 +153,15 @@ class DSSync(Strategy, Joinable):
         check_module(module)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
-        check_options(schedule, topology, replan, overlap, every, outer)
+        self._refusal: str | None = None
+        try:  # a value this rank refuses travels with the start-up agreement: all fail at once
+            check_options(schedule, topology, replan, overlap, every, outer)
+            codec_for(wire)
+            Fragments(Shuffle(2), fragments)
+        except UsageError as e:
+            self._refusal = str(e)
+            schedule, topology, replan, overlap, every, outer = None, None, 0, False, 1, None
+            wire, fragments = "fp32", 1
         if topology is not None:
             schedule = plan_topology_aware(topology, max_every=replan or 8)
         if schedule is None:
@@ -162,6 +170,7 @@ class DSSync(Strategy, Joinable):
         self.schedule = Fragments(schedule, fragments) if fragments != 1 else schedule
         self.average_buffers = average_buffers
         self.average_frozen = average_frozen
+        self.broadcast_init = broadcast_init
         self.optimizer = optimizer
         self.bucket_bytes = bucket_bytes
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
@@ -169,7 +178,7 @@ class DSSync(Strategy, Joinable):
         self.steps = 0
         self.averagings = 0
         self.pairs = pairs
-        self.wire = codec_for(wire).name  # an unknown format is refused here, with the list
+        self.wire = codec_for(wire).name
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.outer = None if outer is None else Outer(trainable, outer)

@@ -42,7 +42,7 @@ STAT_COLUMNS = 5  # median local, min local, median crossing, n local, n crossin
 
 
 class Replanner:
-    """Times a DSSync's averagings and re-plans its topology-aware schedule every ``every`` of them.
+    """Times a DSSync's averagings and re-plans its topology-aware schedule every ``period`` of them.
 
     ``schedule`` must come from :func:`plan_topology_aware` (it remembers the topology and the
     planner's settings; a re-plan repeats them with the re-estimated rates). ``min_signal_s``:
@@ -51,7 +51,7 @@ class Replanner:
 
     Example (what ``DSSync(model, topology=topo, replan=8)`` does at named points)::
 
-        replanner = Replanner(plan_topology_aware(topo, max_every=8), every=8, device=dev)
+        replanner = Replanner(plan_topology_aware(topo, max_every=8), period=8, device=dev)
         replanner.timed(sync, group, part)     # instead of the plain average
         replanner.after(sync)                  # after each averaging: re-plans every 8th
     """
@@ -59,14 +59,14 @@ class Replanner:
     def __init__(
         self,
         schedule: TopologyAware,
-        every: int,
+        period: int,
         device: torch.device | None = None,
         min_signal_s: float = MIN_SIGNAL_S,
         fragments: int = 1,
     ) -> None:
         self.topology, self.settings = schedule.planned_from
         self.fragments = fragments
-        self.every = every
+        self.period = period
         self.device = device
         self.min_signal_s = min_signal_s
         self.switches: list[tuple[int, str]] = []
@@ -79,7 +79,7 @@ class Replanner:
         t, s = self.topology, self.settings
         return (
             f"hosts={list(t.hosts)} racks={list(t.racks)} group_size={s['group_size']} "
-            f"seed={s['seed']} max_every={s['max_every']} replan={self.every} spread={s['spread']}"
+            f"seed={s['seed']} max_every={s['max_every']} replan={self.period} spread={s['spread']}"
         )
 
     def plan(self, topology: Topology) -> Schedule:
@@ -101,8 +101,8 @@ class Replanner:
         (self._cross if crosses else self._local).append(spent)
 
     def after(self, sync: Any) -> None:
-        """Called after each averaging: every ``every``-th one shares timings and re-plans."""
-        if sync.averagings % self.every == 0:
+        """Called after each averaging: every ``period``-th one shares timings and re-plans."""
+        if sync.averagings % self.period == 0:
             self.adjust(sync)
 
     def adjust(self, sync: Any) -> None:
