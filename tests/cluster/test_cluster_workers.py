@@ -181,13 +181,13 @@ def test_root_cause_reads_torchrun_report():
     assert root_cause(["nothing here"]) == (None, None)
 
 
-def test_each_host_runs_the_readme_multi_node_command():
+def test_each_host_runs_the_documented_multi_node_command():
     from pathlib import Path
 
     from dssync.cluster import ClusterNames, torchrun_argv
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    command = readme[readme.index("torchrun --nnodes H") :].split("\n```")[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
+    command = page[page.index("torchrun --nnodes H") :].split("\n```")[0]
     line = command.replace("\\\n", " ").split(" -m ")[0]
     flags = [w for w in line.split() if w.startswith("--")]
     assert flags == [
