@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from dssync.report.summary import fmt
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "time-to-train.md"
@@ -38,7 +40,7 @@ def _ratio(m: dict, ref: dict | None) -> str:
 def table(summary: dict) -> list[str]:
     """One result's table: a row per method, ranges over the seeds."""
     ref = summary["methods"].get(summary.get("reference", "bsp"))
-    metric = next(iter(summary["methods"].values()))["metric_name"]
+    metric = next(m["metric_name"] for m in summary["methods"].values() if m["metric_name"])
     lines = [
         f"| method | seeds reaching | time to target, s | steps | vs BSP | final {metric} "
         "| compute / iteration, ms |",
@@ -52,8 +54,8 @@ def table(summary: dict) -> list[str]:
         lines.append(
             f"| {label} | {m['seeds_reaching_target']}/{len(m['seeds'])} "
             f"| {_span(m['time_to_target'], '.1f')} | {_span(m['steps_to_target_spread'], '.0f')} "
-            f"| {_ratio(m, ref)} | {m['final_metric']:.3f} ({lo:.3f}-{hi:.3f}) "
-            f"| {m['compute_time_s'] * 1000:.0f} / {m['iter_time_s'] * 1000:.0f} |"
+            f"| {_ratio(m, ref)} | {fmt(m['final_metric'], '.3f')} ({fmt(lo, '.3f')}-{fmt(hi, '.3f')}) "
+            f"| {fmt(m['compute_time_s'], '.0f', 1000)} / {fmt(m['iter_time_s'], '.0f', 1000)} |"
         )
     return lines
 

@@ -27,7 +27,7 @@ def seen(monkeypatch) -> dict:
         got.update(cfg=cfg, workers=workers)
         raise Stop
 
-    def compare(base, methods, seeds, runner, on_run=None):
+    def compare(base, methods, seeds, runner, on_run=None, on_fail=None):
         got.update(cfg=base, methods=methods, seeds=seeds)
         raise Stop
 

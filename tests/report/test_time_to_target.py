@@ -130,3 +130,55 @@ def test_the_markdown_report_carries_ranges_ratios_and_verdicts(tmp_path):
     assert "| dssync | 2/3 | 0.7 (0.6-0.8) |" in text
     assert "(1 of 3 seeds never reached it)" in text
     assert not math.isnan(s["methods"]["dssync"]["time_to_target"]["median"])
+
+
+def test_a_failed_run_counts_as_a_seed_that_never_reached_the_target(tmp_path):
+    failed = {
+        "dssync": [{"seed": 2, "error": "rank 1 never came"}],
+        "x": [{"seed": 0, "error": "e"}],
+    }
+    s = summarize({"bsp": _method(1.0), "dssync": _method(0.2)[:2], "x": []}, 0.9, failed=failed)
+    ds, x = s["methods"]["dssync"], s["methods"]["x"]
+    assert ds["seeds"] == [0, 1, 2] and ds["times_to_target_s"][2] is None
+    assert ds["seeds_reaching_target"] == 2 and ds["failed"] == failed["dssync"]
+    assert compare_pair(ds, s["methods"]["bsp"]) == "within the spread"  # 2 is infinitely slow
+    assert "dssync: the run of seed 2 failed: rank 1 never came" in s["verdicts"]
+    assert x["seeds_reaching_target"] == 0 and x["final_metric"] is None
+    meta = {"workload": "mnist", "workers": 8, "seeds": [0, 1, 2], "epochs": 4, "where": "here"}
+    write_markdown(tmp_path / "s.md", s, meta)
+    text = (tmp_path / "s.md").read_text()
+    assert "| dssync | 2/3 |" in text and "| x | 0/1 | n/a |" in text
+    summary_table(s)  # renders a method with no finished run
+
+
+def test_compare_records_a_failed_run_and_goes_on():
+    from dssync.experiments.compare import compare
+    from dssync.experiments.runners import RunFailed
+    from dssync.train.config import TrainConfig
+
+    class Flaky:
+        workers = 2
+
+        def run(self, cfg):
+            if cfg.sync == "dssync" and cfg.seed == 1:
+                raise RunFailed("dssync seed 1: host 3 timed out\nlog tail")
+            return {"config": {"seed": cfg.seed}, "sync": cfg.sync}
+
+    seen = []
+    out = compare(
+        TrainConfig(workload="digits"),
+        ["bsp", "dssync"],
+        [0, 1],
+        Flaky(),
+        on_fail=lambda m, s, e: seen.append((m, s)),
+    )
+    assert [r["config"]["seed"] for r in out.runs["dssync"]] == [0]
+    assert len(out.runs["bsp"]) == 2 and seen == [("dssync", 1)]
+    assert out.failed == {"dssync": [{"seed": 1, "error": "dssync seed 1: host 3 timed out"}]}
+
+    class Broken(Flaky):
+        def run(self, cfg):
+            raise ValueError("a bug")
+
+    with pytest.raises(ValueError):  # anything but a failed run still ends the comparison
+        compare(TrainConfig(workload="digits"), ["bsp"], [0], Broken())

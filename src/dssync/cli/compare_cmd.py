@@ -110,6 +110,10 @@ def compare_cmd(
             f"{s['steps'] / max(s['train_time_s'], 1e-9):.1f} it/s, sync {s['sync_time_s'] * 1000:.2f} ms/it"
         )
 
+    def failed(method: str, seed: int, error: str) -> None:
+        console.print(f"  {method:<13} seed {seed}: FAILED, counted as never reaching the target")
+        console.print(f"    {error.strip()[-1500:]}")
+
     with runner_for(cluster, workers) as runner:
         if base.eval_every == 0:
             total = planned_steps(base, runner.workers)
@@ -117,9 +121,10 @@ def compare_cmd(
             console.print(f"  evaluating every {base.eval_every} of {total} steps (--eval-every)")
         console.print(f"comparing {', '.join(methods)} on {cfg.workload}, {seeds} seed(s)")
         console.print(f"  on {runner.where}")
-        runs = compare(base, methods, list(range(seeds)), runner, on_run=done)
+        results = compare(base, methods, list(range(seeds)), runner, on_run=done, on_fail=failed)
+    runs = results.runs
     bsp = next((m for m in methods if get_method(m).name == "bsp"), "bsp")  # "ddp" too
-    summary = summarize(runs, target, reference=bsp, source=source)
+    summary = summarize(runs, target, reference=bsp, source=source, failed=results.failed)
     meta = {
         "workload": cfg.workload,
         "workers": runner.workers,
@@ -131,7 +136,13 @@ def compare_cmd(
     }
     write_csv(out / "steps.csv", runs)
     write_evals_csv(out / "evals.csv", runs)
-    metric = summary["methods"][methods[0]]["metric_name"]
+    write_markdown(out / "summary.md", summary, meta)
+    write_json(out / "summary.json", {**summary, "meta": meta})
+    if json_path:
+        write_json(json_path, {**summary, "meta": meta})
+    metric = next((m["metric_name"] for m in summary["methods"].values() if m["metric_name"]), None)
+    if metric is None:
+        raise click.ClickException(f"every run failed; report written to {out}/summary.md")
     plot_metric(
         out / "metric_vs_time.png",
         out / "metric_vs_step.png",
@@ -140,10 +151,6 @@ def compare_cmd(
         f"{cfg.workload}: {metric} of the averaged model",
         target,
     )
-    write_markdown(out / "summary.md", summary, meta)
-    write_json(out / "summary.json", {**summary, "meta": meta})
-    if json_path:
-        write_json(json_path, {**summary, "meta": meta})
     console.print(summary_table(summary))
     for line in summary["verdicts"]:
         console.print(f"  {line}")

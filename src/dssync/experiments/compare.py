@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dssync.experiments.runners import Runner
+from dssync.experiments.runners import RunFailed, Runner
 from dssync.methods import for_method
 from dssync.train.config import TrainConfig
 
 OnRun = Callable[[str, int, dict[str, Any]], None]
+OnFail = Callable[[str, int, str], None]
+
+
+@dataclass
+class Results:
+    """Every method's finished runs, and the runs that failed (``{"seed", "error"}``) apart."""
+
+    runs: dict[str, list[dict[str, Any]]]
+    failed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def compare(
@@ -19,16 +28,32 @@ def compare(
     seeds: list[int],
     runner: Runner,
     on_run: OnRun | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Every method with every seed; returns the runs of each method.
+    on_fail: OnFail | None = None,
+) -> Results:
+    """Every method with every seed.
 
-    ``on_run(method, seed, summary)`` is called after each run (progress lines).
+    ``on_run(method, seed, summary)`` is called after each run (progress lines). A run that
+    fails on the runner (:class:`RunFailed`: a host's job died or timed out) is kept in
+    ``failed`` with its error's first line, reported through ``on_fail(method, seed, error)``,
+    and the race goes on: that seed counts as one that never reached the target. Other errors
+    (a bad configuration, a bug) end the comparison.
     """
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    out = Results({m: [] for m in methods}, {})
     for seed in seeds:
         for method in methods:
-            summary = runner.run(replace(for_method(base, method), seed=seed))
-            runs[method].append(summary)
+            try:
+                summary = runner.run(replace(for_method(base, method), seed=seed))
+            except RunFailed as e:
+                error = _first_line(str(e))
+                out.failed.setdefault(method, []).append({"seed": seed, "error": error})
+                if on_fail is not None:
+                    on_fail(method, seed, str(e))
+                continue
+            out.runs[method].append(summary)
             if on_run is not None:
                 on_run(method, seed, summary)
-    return runs
+    return out
+
+
+def _first_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.strip()), text)[:300]

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from dssync.cluster import Cluster
 
 
+class RunFailed(RuntimeError):
+    """A run that ended in an error on the cluster (a host's torchrun failed or timed out): the
+    comparison records it as a seed that never reached the target and goes on."""
+
+
 class Runner:
     """Runs one configuration on local worker processes (gloo on loopback).
 
@@ -80,7 +85,7 @@ class ClusterRunner(Runner):
                 host = result.failed_host if result.failed_host is not None else 0
                 log = Path(tmp) / f"host{host}.log"
                 tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
-                raise RuntimeError(f"{cfg.sync} seed {cfg.seed}: {result.summary()}\n{tail}")
+                raise RunFailed(f"{cfg.sync} seed {cfg.seed}: {result.summary()}\n{tail}")
             summary = json.loads(out_path.read_text())
             if events is not None:
                 summary["link_events"] = events.applied

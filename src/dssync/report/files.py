@@ -6,6 +6,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from dssync.report.summary import fmt
+
 
 def write_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
     """Every step of every run: method, seed, step, epoch, time_s, loss, iter_s, sync_s, lr."""
@@ -117,7 +119,7 @@ def _span(s: dict[str, float] | None, spec: str) -> str:
 def write_markdown(path: Path, summary: dict[str, Any], meta: dict[str, Any]) -> None:
     """The time-to-train table a person wants to read, with what was run and the verdicts."""
     methods = summary["methods"]
-    any_m = next(iter(methods.values()))
+    any_m = next((m for m in methods.values() if m["metric_name"]), next(iter(methods.values())))
     metric = any_m["metric_name"]
     ref = summary.get("reference", "bsp")
     lines = [
@@ -142,8 +144,8 @@ def write_markdown(path: Path, summary: dict[str, Any], meta: dict[str, Any]) ->
         lines.append(
             f"| {name} | {m['seeds_reaching_target']}/{len(m['seeds'])} | {_span(ttt, '.1f')} "
             f"| {_span(m['steps_to_target_spread'], '.0f')} | {ratio} "
-            f"| {m['final_metric']:.4f} ({lo:.4f}-{hi:.4f}) "
-            f"| {m['compute_time_s'] * 1000:.0f} / {m['iter_time_s'] * 1000:.0f} |"
+            f"| {fmt(m['final_metric'])} ({fmt(lo)}-{fmt(hi)}) "
+            f"| {fmt(m['compute_time_s'], '.0f', 1000)} / {fmt(m['iter_time_s'], '.0f', 1000)} |"
         )
     lines += ["", *[f"- {v}" for v in summary.get("verdicts", [])]]
     lines += [

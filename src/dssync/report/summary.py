@@ -71,17 +71,28 @@ def _std(values: list[float | None]) -> float | None:
     return statistics.stdev(vs) if len(vs) > 1 else (0.0 if vs else None)
 
 
-def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
-    """One method's runs (one per seed) -> the figures of the comparison table."""
+def method_summary(
+    runs: list[dict[str, Any]], target: float | None, failed: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One method's runs (one per seed) -> the figures of the comparison table.
+
+    ``failed`` lists the seeds whose run ended in an error (``{"seed", "error"}``): each counts
+    as a seed that never reached the target; the other figures are over the runs that ended.
+    """
+    failed = failed or []
+    if not runs:
+        return _all_failed(failed, target)
     first = runs[0]
     metric, higher = first["metric_name"], first["higher_is_better"]
     finals = [r["final_metric"] for r in runs]
     hits = [reach(r["evals"], metric, target, higher) if target is not None else None for r in runs]
+    hits += [None] * len(failed)
     times = [h["time_s"] if h else None for h in hits]
     return {
         "metric_name": metric,
         "higher_is_better": higher,
-        "seeds": [r["config"]["seed"] for r in runs],
+        "seeds": [r["config"]["seed"] for r in runs] + [f["seed"] for f in failed],
+        "failed": failed,
         # The DS-Sync options the runs used (the preset's, or as given: --every, --outer, ...).
         "options": {k: first["config"].get(k) for k in (*OPTIONS, "outer_lr")},
         "target": target,
@@ -111,6 +122,36 @@ def method_summary(runs: list[dict[str, Any]], target: float | None) -> dict[str
     }
 
 
+def _all_failed(failed: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """The entry of a method none of whose runs ended: no figures, only the failures."""
+    n = len(failed)
+    return {
+        "metric_name": None,
+        "higher_is_better": True,
+        "seeds": [f["seed"] for f in failed],
+        "failed": failed,
+        "options": {},
+        "target": target,
+        "times_to_target_s": [None] * n,
+        "steps_to_target": [None] * n,
+        "time_to_target": None,
+        "steps_to_target_spread": None,
+        "seeds_reaching_target": 0,
+        "final_metric": None,
+        "final_metric_range": [None, None],
+        "final_metrics": [],
+        "iter_time_s": None,
+        "compute_time_s": None,
+        "sync_time_s": None,
+        "auto": [],
+    }
+
+
+def fmt(value: float | None, spec: str = ".4f", scale: float = 1.0) -> str:
+    """``value * scale`` formatted with ``spec``, or "n/a" (a method whose every run failed)."""
+    return "n/a" if value is None else format(value * scale, spec)
+
+
 def _interval(m: dict[str, Any]) -> tuple[float, float]:
     """(min, max) of a method's time to target; a seed that never reached it counts as inf."""
     reached = [t for t in m["times_to_target_s"] if t is not None]
@@ -137,6 +178,10 @@ def verdicts(methods: dict[str, dict[str, Any]], reference: str) -> list[str]:
     lines = []
     for name, m in methods.items():
         n, k = len(m["seeds"]), m["seeds_reaching_target"]
+        broke = m.get("failed") or []
+        if broke:
+            seeds = ", ".join(str(f["seed"]) for f in broke)
+            lines.append(f"{name}: the run of seed {seeds} failed: {broke[0]['error']}")
         if k == 0:
             lines.append(f"{name}: no seed reached the target")
             continue
@@ -173,9 +218,12 @@ def summarize(
     target: float | None,
     reference: str = "bsp",
     source: str = "given",
+    failed: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """Per-method figures against a fixed ``target`` (None: no time to target is reported)."""
-    methods = {m: method_summary(rs, target) for m, rs in runs.items()}
+    """Per-method figures against a fixed ``target`` (None: no time to target is reported);
+    ``failed`` holds each method's runs that ended in an error (they never reached it)."""
+    failed = failed or {}
+    methods = {m: method_summary(rs, target, failed.get(m)) for m, rs in runs.items()}
     return {
         "target": target,
         "target_source": source if target is not None else "none declared; pass --target",
@@ -211,7 +259,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
             f"{m['seeds_reaching_target']}/{len(m['seeds'])}",
             _range(m["time_to_target"]),
             _median(m["steps_to_target_spread"]),
-            f"{m['final_metric']:.4f}",
-            f"{m['iter_time_s'] * 1000:.0f}",
+            fmt(m["final_metric"]),
+            fmt(m["iter_time_s"], ".0f", 1000),
         )
     return t
