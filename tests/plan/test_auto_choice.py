@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dssync.cluster import load_cluster
-from dssync.plan.auto import canonical, choose
+from dssync.plan.auto import CANDIDATES, canonical, choose
 from dssync.topology import Topology
 
 MNIST_2048 = 1_628_170  # parameters of `--workload mnist --workload-option hidden=2048`
@@ -22,10 +22,35 @@ def test_a_bottlenecked_cluster_gets_topology_aware_ds_sync(name):
 
 def test_overlap_is_taken_only_when_it_saves_a_fifth():
     topo = load_cluster("s2-inter-rack").topology()
-    light = choose(topo, MNIST_2048, compute_s=0.0005)  # nothing to hide the averaging behind
+    light = choose(topo, MNIST_2048, compute_s=0.0005, local=False)  # nothing to hide behind
     assert light.method == "dssync-topo"
-    heavy = choose(topo, MNIST_2048, compute_s=0.05)
+    heavy = choose(topo, MNIST_2048, compute_s=0.05, local=False)
     assert heavy.method == "dssync-topo-overlap" and "behind the compute" in heavy.reason
+
+
+def test_local_steps_thin_the_averaging_and_every_1_leaves_them_out():
+    topo = load_cluster("s1-homogeneous").topology()
+    c = choose(topo, MNIST_2048, compute_s=0.017)
+    by = {p.method: p for p in c.predictions}
+    assert by["local-sgd"].sync_s == pytest.approx(by["ddp"].sync_s / 4)
+    assert by["dssync-topo local"].sync_s == pytest.approx(by["dssync-topo"].sync_s / 4)
+    assert c.method == "dssync-topo-local" and "one average every 4 steps" in c.reason
+    every_step = choose(topo, MNIST_2048, compute_s=0.017, local=False)
+    assert "local-sgd" not in {p.method for p in every_step.predictions}
+    assert every_step.method in {"dssync-topo", "dssync-topo-overlap", "dssync"}
+
+
+def test_probe_noise_on_equal_links_does_not_make_slow_hosts():
+    hosts = tuple(range(8))
+    topo = Topology(hosts=hosts, racks=(0,) * 4 + (1,) * 4)
+    noisy = topo.with_rates(
+        {h: r for h, r in zip(hosts, (712, 1106, 905, 980, 801, 1003, 1090, 760), strict=True)},
+        200.0,
+    )
+    spec, _ = canonical(noisy)
+    assert spec.host_overrides == {}
+    slow = topo.with_rates({h: (100.0 if h == 3 else 1000.0) for h in hosts}, 200.0)
+    assert canonical(slow)[0].host_overrides == {3: 100.0}
 
 
 @pytest.mark.parametrize("name", ["s1-homogeneous", "s4-dynamic", "tiny"])
@@ -36,7 +61,8 @@ def test_the_pick_is_the_fastest_prediction(name):
     if c.method == "dssync-topo-overlap":
         assert by["dssync-topo overlapped"] <= 0.8 * blocking
     else:
-        assert by[{"bsp": "ddp"}.get(c.method, c.method)] == blocking
+        planner = {m: name for name, m in CANDIDATES.items()}[c.method]
+        assert by[planner] == blocking
 
 
 def test_detected_hosts_in_any_order_become_the_canonical_shape():

@@ -3,17 +3,23 @@
 From the detected topology with a short link probe's rates, the model's size and the compute
 time measured over the first steps, :func:`choose` runs the planner's cost model
 (:func:`dssync.plan.cost.predict`) for each method it models and picks the fastest iteration.
-The rule assumes the candidates need about as many steps to the target as BSP does (they all
-average every step; the time-to-train tables check it); overlap is taken only when it is
-predicted at most :data:`OVERLAP_GAIN` of the blocking plan, because it merges each average one
-step late.
+The local-step presets (``local-sgd``, ``dssync-topo-local``: an average every 4th step) are
+predicted as compute plus a quarter of their every-step averaging.
+
+The rule assumes the candidates need about as many steps to the target as BSP does; the
+time-to-train tables (docs/time-to-train.md) check it on each shipped scenario, local steps
+included. A user whose model needs an average every step passes ``--every 1``, which the chosen
+preset then takes. Overlap is taken only when it is predicted at most :data:`OVERLAP_GAIN` of the
+best blocking plan, because it merges each average one step late. Probed host rates within
+:data:`PROBE_NOISE` of the fastest are taken as equal: a short probe on equal links reads
+700-1100 Mbit/s on 1 Gbit/s links, and a plan made from that noise treats equal hosts as slow.
 
 Example::
 
     >>> from dssync.cluster import load_cluster
     >>> c = choose(load_cluster("s2-inter-rack").topology(), params=1_600_000, compute_s=0.02)
     >>> c.method
-    'dssync-topo'
+    'dssync-topo-local'
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dssync.cluster.spec import ClusterSpec
+from dssync.methods import get_method
 from dssync.plan.cost import Prediction, predict
 from dssync.topology import Topology
 
@@ -31,8 +38,16 @@ CANDIDATES = {
     "dssync": "dssync",
     "dssync-topo": "dssync-topo",
     "dssync-topo overlapped": "dssync-topo-overlap",
+    "local-sgd": "local-sgd",
+    "dssync-topo local": "dssync-topo-local",
 }
+# The local-step candidates: (name, the every-step plan whose averaging they thin out, method).
+LOCAL = (
+    ("local-sgd", "ddp", "local-sgd"),
+    ("dssync-topo local", "dssync-topo", "dssync-topo-local"),
+)
 OVERLAP_GAIN = 0.8
+PROBE_NOISE = 0.4
 
 
 @dataclass(frozen=True)
@@ -58,7 +73,7 @@ def canonical(topology: Topology) -> tuple[ClusterSpec, Topology] | None:
     overrides = {
         i: topology.host_mbit[h]
         for i, h in enumerate(hosts)
-        if h in topology.host_mbit and topology.host_mbit[h] != base
+        if h in topology.host_mbit and topology.host_mbit[h] < (1 - PROBE_NOISE) * base
     }
     spec = ClusterSpec(
         "detected",
@@ -72,10 +87,12 @@ def canonical(topology: Topology) -> tuple[ClusterSpec, Topology] | None:
     return spec, spec.topology()
 
 
-def choose(topology: Topology, params: int, compute_s: float, repeat: int = 8) -> Choice:
+def choose(
+    topology: Topology, params: int, compute_s: float, repeat: int = 8, local: bool = True
+) -> Choice:
     """The method predicted fastest for a model of ``params`` float32 parameters whose step
     computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
-    1 Gbit/s hosts and an unshaped core)."""
+    1 Gbit/s hosts and an unshaped core); ``local=False`` leaves out the local-step presets."""
     shaped = canonical(topology)
     if shaped is None:
         return Choice(
@@ -85,23 +102,33 @@ def choose(topology: Topology, params: int, compute_s: float, repeat: int = 8) -
             (),
         )
     spec, known = shaped
-    preds = tuple(
-        p for p in predict(spec, params, compute_s, repeat, known=known) if p.method in CANDIDATES
-    )
-    by = {p.method: p for p in preds}
+    every = predict(spec, params, compute_s, repeat, known=known)
+    by = {p.method: p for p in every}
+    for name, plan, method in LOCAL if local else ():
+        sync = by[plan].sync_s / _every(method)
+        by[name] = Prediction(name, sync, compute_s + sync)
+    preds = tuple(p for p in by.values() if p.method in CANDIDATES)
     blocking = min((p for p in preds if "overlapped" not in p.method), key=lambda p: p.iter_s)
     best = blocking
     over = by.get("dssync-topo overlapped")
     if over is not None and over.iter_s <= OVERLAP_GAIN * blocking.iter_s:
         best = over
     ddp = by["ddp"]
+    method = CANDIDATES[best.method]
+    how = " behind the compute" if best is over else ""
+    if best.method in {name for name, _, _ in LOCAL}:
+        how = f" per iteration, one average every {_every(method)} steps"
     reason = (
-        f"{CANDIDATES[best.method]}: predicted {_ms(best.iter_s)} per iteration "
-        f"({_ms(best.sync_s)} of averaging{' behind the compute' if best is over else ''}) "
+        f"{method}: predicted {_ms(best.iter_s)} per iteration "
+        f"({_ms(best.sync_s)} of averaging{how}) "
         f"against BSP's {_ms(ddp.iter_s)}, for {_count(params)} parameters, "
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
-    return Choice(CANDIDATES[best.method], reason, preds)
+    return Choice(method, reason, preds)
+
+
+def _every(method: str) -> int:
+    return int(get_method(method).options["every"])
 
 
 def _ms(seconds: float) -> str:

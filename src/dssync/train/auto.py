@@ -65,7 +65,8 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
-    choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW)
+    local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
+    choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW, local=local)
     return Decision(choice.method, choice.reason, compute_s, topo)
 
 
