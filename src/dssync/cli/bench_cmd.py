@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from dssync.bench.cluster_worker import Burn
+from dssync.cli.options import dssync_options
 from dssync.cli.output import console, write_json
-from dssync.comm.wire import WIRES
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
-from dssync.methods import OUTERS, get_method, help_text
+from dssync.methods import get_method, help_text
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
 from dssync.schedules.topology import SPREAD
 
@@ -113,40 +113,7 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     help="cpu: matrix work on the shared cores; idle: a wait that leaves them free, as a GPU's "
     "compute does (each real host has its own cores; the emulated hosts share this machine's).",
 )
-@click.option(
-    "--every",
-    type=click.IntRange(1),
-    default=None,
-    help="Optimizer steps per averaging for the methods that take it (default: each preset's).",
-)
-@click.option(
-    "--outer",
-    type=click.Choice(OUTERS),
-    default=None,
-    help="Outer optimizer for the DS-Sync presets (nesterov: DiLoCo's; default: each preset's).",
-)
-@click.option(
-    "--overlap/--no-overlap", default=None, help="Overlapped averages (default: each preset's)."
-)
-@click.option(
-    "--wire",
-    type=click.Choice(WIRES),
-    default=None,
-    help="What the DS-Sync presets send: fp32, bf16, fp16 or int8 (default: each preset's).",
-)
-@click.option(
-    "--fragments",
-    type=click.IntRange(1),
-    default=None,
-    help="Fragments of the model averaged in rotation by the DS-Sync presets (default: 1).",
-)
-@click.option(
-    "--replan",
-    type=click.IntRange(0),
-    default=None,
-    help="Averagings between re-plans of topology-aware presets (default: --repeat for those "
-    "that re-plan).",
-)
+@dssync_options
 def bench(
     scenarios,
     methods,
@@ -163,12 +130,7 @@ def bench(
     device,
     compute_ms,
     compute_kind,
-    every,
-    outer,
-    overlap,
-    wire,
-    fragments,
-    replan,
+    options,
 ) -> None:
     """Run each method on each scenario of the emulated cluster (needs root and iproute2)."""
     if warmup >= steps:
@@ -186,18 +148,7 @@ def bench(
         device=device,
         compute_ms=compute_ms,
         compute_kind=compute_kind,
-        options={
-            k: v
-            for k, v in {
-                "every": every,
-                "outer": outer,
-                "overlap": overlap,
-                "wire": wire,
-                "fragments": fragments,
-                "replan": replan,
-            }.items()
-            if v is not None
-        },
+        options=options,
     )
     results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
     console.print(bench_table(results, params, compute_ms, compute_kind))

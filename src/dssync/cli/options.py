@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from dssync.comm.wire import WIRES
+from dssync.methods import OPTIONS as PRESET_OPTIONS
 from dssync.methods import OUTERS
 from dssync.schedules import SCHEDULE_NAMES
 from dssync.train import TrainConfig
@@ -50,6 +51,51 @@ def _by_workload(setting: str) -> str:
     """``bert 4, deepfm 10, ...``: each workload's own value of ``setting``, for --help."""
     return ", ".join(f"{name} {getattr(cls, setting):g}" for name, cls in sorted(WORKLOADS.items()))
 
+
+# The options of the one DSSync, shared by every command that runs DS-Sync presets (train,
+# compare, bench): None leaves each preset's own value.
+DSSYNC_OPTIONS = [
+    click.option(
+        "--every",
+        type=click.IntRange(1),
+        default=None,
+        help="Optimizer steps per averaging (H): DS-Sync presets, diloco and local-sgd (default: "
+        "the method's: 1 for DS-Sync, 4 for local-sgd and diloco).",
+    ),
+    click.option(
+        "--outer",
+        type=click.Choice(OUTERS),
+        default=None,
+        help="Outer optimizer on each averaging's pseudo-gradient: nesterov is DiLoCo's "
+        "(SGD, momentum 0.9, --outer-lr) (default: the method's).",
+    ),
+    click.option(
+        "--overlap/--no-overlap",
+        default=None,
+        help="Run each DS-Sync average behind the next steps' compute (default: the method's).",
+    ),
+    click.option(
+        "--wire",
+        type=click.Choice(WIRES),
+        default=None,
+        help="What DS-Sync sends: fp32, or bf16/fp16/int8 with error feedback (default: the "
+        "method's, fp32).",
+    ),
+    click.option(
+        "--fragments",
+        type=click.IntRange(1),
+        default=None,
+        help="Average one of this many fragments of the model per DS-Sync averaging, in "
+        "rotation (default: the method's, 1: the whole model).",
+    ),
+    click.option(
+        "--replan",
+        type=click.IntRange(0),
+        default=None,
+        help="Averagings between re-plans of a topology-aware DS-Sync plan, 0 for none; also the "
+        "plan's longest gap between crossings (default: the method's, 8 for dssync-topo).",
+    ),
+]
 
 OPTIONS = [
     click.option(
@@ -94,52 +140,13 @@ OPTIONS = [
         default=None,
         help="Cycle this many shuffled partitions (default: a fresh one every step).",
     ),
-    click.option(
-        "--every",
-        type=click.IntRange(1),
-        default=None,
-        help="Optimizer steps per averaging (H): DS-Sync presets, diloco and local-sgd (default: "
-        "the method's: 1 for DS-Sync, 4 for local-sgd and diloco).",
-    ),
-    click.option(
-        "--outer",
-        type=click.Choice(OUTERS),
-        default=None,
-        help="Outer optimizer on each averaging's pseudo-gradient: nesterov is DiLoCo's "
-        "(SGD, momentum 0.9, --outer-lr) (default: the method's).",
-    ),
+    *DSSYNC_OPTIONS,
     click.option(
         "--outer-lr",
         type=click.FloatRange(min=0, min_open=True),
         default=TrainConfig.outer_lr,
         show_default=True,
         help="Learning rate of --outer nesterov.",
-    ),
-    click.option(
-        "--overlap/--no-overlap",
-        default=None,
-        help="Run each DS-Sync average behind the next steps' compute (default: the method's).",
-    ),
-    click.option(
-        "--wire",
-        type=click.Choice(WIRES),
-        default=None,
-        help="What DS-Sync sends: fp32, or bf16/fp16/int8 with error feedback (default: the "
-        "method's, fp32).",
-    ),
-    click.option(
-        "--fragments",
-        type=click.IntRange(1),
-        default=None,
-        help="Average one of this many fragments of the model per DS-Sync averaging, in "
-        "rotation (default: the method's, 1: the whole model).",
-    ),
-    click.option(
-        "--replan",
-        type=click.IntRange(0),
-        default=None,
-        help="Averagings between re-plans of a topology-aware DS-Sync plan, 0 for none; also the "
-        "plan's longest gap between crossings (default: the method's, 8 for dssync-topo).",
     ),
     click.option(
         "--epochs",
@@ -245,6 +252,26 @@ def config(options: dict[str, Any]) -> TrainConfig:
     if "epochs" not in settings:
         settings["epochs"] = WORKLOADS[settings.get("workload", TrainConfig.workload)].epochs
     return TrainConfig(**settings)
+
+
+def dssync_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Add :data:`DSSYNC_OPTIONS`; call ``f(options={name: value given}, **its own options)``.
+
+    Example::
+
+        @click.command()
+        @dssync_options
+        def bench(options: dict) -> None: ...  # {"every": 4} after --every 4
+    """
+
+    @functools.wraps(f)
+    def command(**kwargs: Any) -> Any:
+        given = {k: kwargs.pop(k) for k in PRESET_OPTIONS}
+        return f(options={k: v for k, v in given.items() if v is not None}, **kwargs)
+
+    for opt in reversed(DSSYNC_OPTIONS):
+        command = opt(command)
+    return command
 
 
 def training_options(f: Callable[..., Any]) -> Callable[..., Any]:
