@@ -195,3 +195,23 @@ def test_auto_passes_the_options_given_to_the_method_it_chooses():
     chosen = configure(for_method(given, "dssync-topo"))
     assert (chosen.every, chosen.replan) == (4, 8)  # the chosen preset fills the rest
     assert configure(for_method(given, "bsp")).every is None
+
+
+def test_a_label_sets_options_of_one_method_and_bad_labels_name_the_fix():
+    from dssync.methods import for_method, parse_methods, split_label
+
+    assert split_label("diloco:every=16:outer-lr=0.5") == ("diloco", {"every": 16, "outer_lr": 0.5})
+    cfg = for_method(TrainConfig(every=2), "dssync-topo-local:wire=int8:every=16")
+    assert (cfg.sync, cfg.wire, cfg.every) == ("dssync-topo-local", "int8", 16)
+    assert for_method(TrainConfig(every=2), "dssync-topo-local").every == 2  # the command's
+    assert parse_methods("bsp,dssync:overlap=true") == ["bsp", "dssync:overlap=true"]
+    for bad, says in [
+        ("dssync:every=x", "not a whole number"),
+        ("dssync:wire=int9", "choose from fp32"),
+        ("dssync:foo=1", "KEY=VALUE"),
+        ("nope:every=2", "unknown method 'nope'"),
+    ]:
+        with pytest.raises(UsageError, match=says):
+            parse_methods(bad)
+    with pytest.raises(UsageError, match="bsp does not take every"):
+        for_method(TrainConfig(), "bsp:every=4")

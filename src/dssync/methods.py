@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from dssync.comm.wire import WIRES
 from dssync.errors import UsageError
 from dssync.schedules import ExpGossip, Global, schedule_from_name
 from dssync.schedules.topology import SPREAD, plan_topology_aware
@@ -93,6 +94,7 @@ class Method:
     aliases: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     takes: frozenset[str] = frozenset()
+    preset: bool = False  # a DS-Sync preset (:func:`preset`): one DSSync with ``options``
 
     @property
     def variant(self) -> bool:
@@ -258,6 +260,7 @@ def preset(
         aliases=aliases,
         options=options,
         takes=frozenset(OPTIONS),
+        preset=True,
     )
 
 
@@ -369,11 +372,59 @@ def choices() -> list[str]:
 
 
 def get_method(name: str) -> Method:
-    """The method called ``name`` (or one of its aliases); UsageError naming the known ones."""
-    method = METHODS.get(ALIASES.get(name, name))
+    """The method called ``name`` (or one of its aliases, or a label of it with options, as
+    :func:`split_label` reads them); UsageError naming the known ones."""
+    base = name.split(LABEL_SEP)[0].strip()
+    method = METHODS.get(ALIASES.get(base, base))
     if method is None:
-        raise UsageError(f"unknown method {name!r}; choose from {', '.join(choices())}")
+        raise UsageError(f"unknown method {base!r}; choose from {', '.join(choices())}")
     return method
+
+
+LABEL_SEP = ":"
+_LABEL_KEYS = (*OPTIONS, "outer_lr")
+
+
+def split_label(label: str) -> tuple[str, dict[str, Any]]:
+    """A method with some of its options set, so that one comparison can race several settings
+    of one method: ``"dssync-topo-local:wire=int8:every=16"`` ->
+    ``("dssync-topo-local", {"wire": "int8", "every": 16})``. Keys are the :data:`OPTIONS` and
+    ``outer-lr``; a label's options win over those given to the whole command.
+
+    Example::
+
+        >>> split_label("diloco:every=16:outer-lr=0.5")
+        ('diloco', {'every': 16, 'outer_lr': 0.5})
+    """
+    name, *parts = (p.strip() for p in label.split(LABEL_SEP))
+    options: dict[str, Any] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in _LABEL_KEYS:
+            keys = ", ".join(k.replace("_", "-") for k in _LABEL_KEYS)
+            raise UsageError(
+                f"{label!r}: {part!r} is not KEY=VALUE with KEY one of {keys} "
+                f"(for example dssync-topo{LABEL_SEP}every=4{LABEL_SEP}wire=int8)"
+            )
+        options[key] = _option_value(key, value.strip(), label)
+    return name, options
+
+
+def _option_value(key: str, value: str, label: str) -> Any:
+    default = OPTIONS.get(key, 0.0)
+    allowed = {"wire": WIRES, "outer": OUTERS, "overlap": ("true", "false")}.get(key)
+    if allowed is not None and value.lower() not in allowed:
+        raise UsageError(f"{label!r}: {key}={value!r}; choose from {', '.join(allowed)}")
+    if isinstance(default, bool):
+        return value.lower() == "true"
+    kind = {int: "a whole number", float: "a number"}.get(type(default))
+    if kind is None:
+        return value
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise UsageError(f"{label!r}: {key}={value!r} is not {kind}") from None
 
 
 def parse_methods(text: str) -> list[str]:
@@ -385,6 +436,7 @@ def parse_methods(text: str) -> list[str]:
         raise UsageError(f"no method given; pass a comma-separated list of {', '.join(choices())}")
     for name in names:
         get_method(name)
+        split_label(name)
     return names
 
 
@@ -419,9 +471,14 @@ def configure(cfg: TrainConfig) -> TrainConfig:
 
 def for_method(cfg: TrainConfig, name: str) -> TrainConfig:
     """``cfg`` for method ``name``, leaving out the options it does not take (``compare`` runs
-    several methods with one set of options: ``--every 4`` reaches dssync and local-sgd, not bsp)."""
-    takes = get_method(name).takes
-    return replace(cfg, sync=name, **{k: None for k in OPTIONS if k not in takes})
+    several methods with one set of options: ``--every 4`` reaches dssync and local-sgd, not
+    bsp); a label's own options (:func:`split_label`) are set, and must be ones it takes."""
+    base, own = split_label(name)
+    takes = get_method(base).takes
+    odd = [k for k in own if k in OPTIONS and k not in takes]
+    if odd:
+        raise UsageError(f"{name!r}: {base} does not take {', '.join(odd)}; drop it from the label")
+    return replace(cfg, sync=base, **{k: None for k in OPTIONS if k not in takes}, **own)
 
 
 def build_strategy(

@@ -140,7 +140,7 @@ def test_device_choice_of_a_bench_worker(monkeypatch):
 def test_bounds_know_aliases_and_leave_unmodelled_methods_blank():
     s2 = load_cluster("s2-inter-rack")
     assert lower_bound(s2, "bsp", 1e6) == lower_bound(s2, "ddp", 1e6) > 0
-    assert lower_bound(s2, "local-sgd", 1e6) is None
+    assert lower_bound(s2, "dssync-static", 1e6) is None
     assert (
         bench_table(
             {

@@ -74,3 +74,11 @@ def test_detected_hosts_in_any_order_become_the_canonical_shape():
     uneven = Topology(hosts=(0, 0, 1), racks=(0, 0, 0))
     assert canonical(uneven) is None
     assert choose(uneven, 1000, 0.01).method == "dssync-topo"
+
+
+def test_the_local_candidates_average_as_often_as_their_presets():
+    from dssync.methods import get_method
+    from dssync.plan.auto import LOCAL
+
+    for _, _, method, every in LOCAL:
+        assert get_method(method).options["every"] == every

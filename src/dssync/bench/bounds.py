@@ -119,19 +119,21 @@ def lower_bound(
     """
     bound = schedule_step_bound if per_step else schedule_bound
     rates = rates or spec.link_rates()
-    method = get_method(method).name
-    if method == "bsp":
+    m = get_method(method)
+    plan = m.options.get("plan", "schedule")
+    if m.name in ("bsp", "local-sgd") or plan == "global":  # one ring all-reduce of everything
         return busiest_s(
             link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates
         )
-    if method == "hierarchical":
+    if m.name == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
-    if method in ("dssync", "dssync-allreduce"):
+    if m.preset and plan == "schedule" and m.settings.get("schedule", "shuffle") == "shuffle":
         return bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
-    if method in ("dssync-topo", "dssync-topo-whole"):
+    if plan == "topology":
         topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
-        schedule = plan_topology_aware(topo, max_every=repeat, spread=method != "dssync-topo-whole")
+        spread = m.options.get("spread", True)
+        schedule = plan_topology_aware(topo, max_every=repeat, spread=spread)
         return bound(spec, schedule, nbytes, schedule.repeat, rates)
     return None

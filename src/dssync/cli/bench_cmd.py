@@ -11,14 +11,15 @@ from dssync.bench.cluster_worker import Burn
 from dssync.cli.options import dssync_options
 from dssync.cli.output import console, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
-from dssync.methods import get_method, help_text
+from dssync.methods import get_method, help_text, split_label
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
 from dssync.schedules.topology import SPREAD
 
 
 def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
     for name in names:
-        get_method(name)  # an unknown name is a UsageError listing the known ones
+        split_label(name)  # an unknown name or option is a UsageError naming the fix
+        get_method(name)
     return names
 
 
@@ -38,7 +39,7 @@ def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -
     default=METHODS,
     show_default=True,
     callback=_known,
-    help=f"Repeat the option. {help_text()}.",
+    help=f"Repeat the option; NAME:KEY=VALUE sets options of one run (dssync-topo:every=4). {help_text()}.",
 )
 @click.option(
     "--params",

@@ -37,7 +37,9 @@ EVAL_POINTS = 20
     default=",".join(DEFAULT_METHODS),
     show_default=True,
     callback=_methods,
-    help=f"Comma-separated methods, or 'all' (every one but variants). {help_text()}.",
+    help="Comma-separated methods, or 'all' (every one but variants); a method with options of "
+    "its own is NAME:KEY=VALUE[:KEY=VALUE], e.g. dssync-topo-local:every=16:wire=int8 beside "
+    f"dssync-topo-local. {help_text()}.",
 )
 @click.option(
     "--seeds", type=click.IntRange(1, 20), default=3, show_default=True, help="Seeds 0..N-1."

@@ -28,6 +28,7 @@ from typing import Any
 from dssync.bench.bounds import lower_bound
 from dssync.bench.timings import recovery, summarize
 from dssync.cluster import Cluster, ClusterError, Scenario, diff, load_cluster
+from dssync.comm.wire import codec_for
 from dssync.methods import get_method
 
 SCENARIOS = ("s1-homogeneous", "s2-inter-rack", "s3-slow-host", "s4-dynamic")
@@ -174,7 +175,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["options"] = ranks[0].get("options", {})  # what the method ran with
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
-    nbytes = 4 * s.params
+    nbytes = wire_share(out["options"]) * 4 * s.params
     out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat)
     out["step_bound_s"] = lower_bound(spec, method, nbytes, s.repeat, per_step=True)
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
@@ -189,6 +190,22 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         out["lower_bound_contended_s"] = lower_bound(spec, method, nbytes, s.repeat, contended)
         out.update(recovery(out["timeline"], events.applied, s.warmup, s.repeat))
     return out
+
+
+def wire_share(options: dict[str, Any]) -> float:
+    """The share of a whole fp32 model that one iteration of a method with ``options`` puts on
+    the wire, on average: the wire format's bytes over fp32's, one averaging every ``every``
+    steps, one fragment of ``fragments`` per averaging; 1 for a method without the options.
+
+    Example::
+
+        >>> wire_share({"wire": "int8", "every": 4})  # (1024 + 4) / 4096 a chunk, then / 4
+        0.062744140625
+    """
+    numel = 1 << 20
+    codec = codec_for(options.get("wire") or "fp32")
+    every, fragments = options.get("every") or 1, options.get("fragments") or 1
+    return codec.nbytes(numel) / (4 * numel) / every / fragments
 
 
 class _EventsWhenWarm:

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dssync.cluster.spec import ClusterSpec
-from dssync.methods import get_method
 from dssync.plan.cost import Prediction, predict
 from dssync.topology import Topology
 
@@ -41,10 +40,11 @@ CANDIDATES = {
     "local-sgd": "local-sgd",
     "dssync-topo local": "dssync-topo-local",
 }
-# The local-step candidates: (name, the every-step plan whose averaging they thin out, method).
+# The local-step candidates: (name, the every-step plan whose averaging they thin out, method,
+# its preset's every=; a test checks these against the method table).
 LOCAL = (
-    ("local-sgd", "ddp", "local-sgd"),
-    ("dssync-topo local", "dssync-topo", "dssync-topo-local"),
+    ("local-sgd", "ddp", "local-sgd", 4),
+    ("dssync-topo local", "dssync-topo", "dssync-topo-local", 4),
 )
 OVERLAP_GAIN = 0.8
 PROBE_NOISE = 0.4
@@ -104,8 +104,8 @@ def choose(
     spec, known = shaped
     every = predict(spec, params, compute_s, repeat, known=known)
     by = {p.method: p for p in every}
-    for name, plan, method in LOCAL if local else ():
-        sync = by[plan].sync_s / _every(method)
+    for name, plan, _, every in LOCAL if local else ():
+        sync = by[plan].sync_s / every
         by[name] = Prediction(name, sync, compute_s + sync)
     preds = tuple(p for p in by.values() if p.method in CANDIDATES)
     blocking = min((p for p in preds if "overlapped" not in p.method), key=lambda p: p.iter_s)
@@ -116,8 +116,9 @@ def choose(
     ddp = by["ddp"]
     method = CANDIDATES[best.method]
     how = " behind the compute" if best is over else ""
-    if best.method in {name for name, _, _ in LOCAL}:
-        how = f" per iteration, one average every {_every(method)} steps"
+    local_every = {name: every for name, _, _, every in LOCAL}
+    if best.method in local_every:
+        how = f" per iteration, one average every {local_every[best.method]} steps"
     reason = (
         f"{method}: predicted {_ms(best.iter_s)} per iteration "
         f"({_ms(best.sync_s)} of averaging{how}) "
@@ -125,10 +126,6 @@ def choose(
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
     return Choice(method, reason, preds)
-
-
-def _every(method: str) -> int:
-    return int(get_method(method).options["every"])
 
 
 def _ms(seconds: float) -> str:
