@@ -79,6 +79,7 @@ SLOW = (
     "tests/cluster/test_cluster_losses.py",
     "tests/cluster/test_cluster_netns.py",
     "tests/cluster/test_cluster_workers.py",
+    "tests/cluster/test_cluster_chaos.py",  # 25-35 each, measured
     "tests/workloads/",
     "tests/bench/test_sync_cost.py",
     "tests/plan/test_local_cli.py",

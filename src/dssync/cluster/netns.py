@@ -194,10 +194,18 @@ class Cluster(ClusterNames):
         env: dict[str, str] | None = None,
         log_dir: Path | None = None,
         join_timeout_s: float = 600.0,
+        max_restarts: int = 0,
     ) -> Agents:
         """Start one torchrun agent per host running ``argv`` on each of its workers; see
-        ``workers.start_agents``."""
-        return start_agents(self, argv, env=env, log_dir=log_dir, join_timeout_s=join_timeout_s)
+        ``workers.start_agents`` (``max_restarts`` is torchrun's ``--max-restarts``)."""
+        return start_agents(
+            self,
+            argv,
+            env=env,
+            log_dir=log_dir,
+            join_timeout_s=join_timeout_s,
+            max_restarts=max_restarts,
+        )
 
     def run(
         self,

@@ -1,6 +1,14 @@
 """Rate limits with ``tc tbf`` (token bucket filter) on the egress of a network interface.
 
 tbf shapes egress only, so a link is shaped by putting the same tbf on both of its ends.
+
+The queue in front of a shaped link is tbf's own: :data:`LATENCY_MS` worth of the link's rate
+(625 KB at 100 Mbit/s), dropping what arrives when it is full (tail drop). That is what a switch
+port does; switches do not run fq_codel, which is the default of a Linux host's own NIC queue
+(and absent from some kernels, such as the one the tests run on: ``tc`` refuses it there). A
+real data-centre port holds less time than 50 ms at its line rate; a queue of 5 ms here dropped
+8 to 19 times as many packets under contention, with RTO expiries where 50 ms had none
+(``tools/qdisc_contention.py``, docs/cluster.md), so 50 ms stays.
 """
 
 from __future__ import annotations

@@ -63,9 +63,18 @@ def _is_this_python(arg: str) -> bool:
 
 
 def torchrun_argv(
-    cluster: ClusterNames, port: int, run_id: str, argv: list[str], join_timeout_s: float
+    cluster: ClusterNames,
+    port: int,
+    run_id: str,
+    argv: list[str],
+    join_timeout_s: float,
+    max_restarts: int = 0,
 ) -> list[str]:
-    """The torchrun command every host runs (the same on each, as in the README)."""
+    """The torchrun command every host runs (the same on each, as in the README).
+
+    ``max_restarts`` > 0 lets torchrun restart every host's workers after one fails, that many
+    times (``--max-restarts``); the workers resume from their checkpoints if they were told to.
+    """
     spec = cluster.spec
     return [
         sys.executable,
@@ -83,6 +92,7 @@ def torchrun_argv(
         run_id,
         "--rdzv-conf",
         f"join_timeout={max(int(join_timeout_s), 1)}",
+        *(["--max-restarts", str(max_restarts)] if max_restarts else []),
         *entry_point(argv),
     ]
 

@@ -218,15 +218,17 @@ def start_agents(
     env: dict[str, str] | None = None,
     log_dir: Path | None = None,
     join_timeout_s: float = 600.0,
+    max_restarts: int = 0,
 ) -> Agents:
     """Start one torchrun agent per host running ``argv`` on each of its workers.
 
-    ``env`` adds to (and overrides) the inherited environment. With ``log_dir``, host h's torchrun
+    ``env`` adds to (and overrides) the inherited environment; ``max_restarts`` is torchrun's
+    ``--max-restarts``. With ``log_dir``, host h's torchrun
     output (its workers' output included) goes to ``log_dir/host<h>.log``; otherwise to stdout.
     """
     port = free_port(cluster)
     run_id = f"{cluster.prefix}-{secrets.token_hex(3)}"
-    command = torchrun_argv(cluster, port, run_id, argv, join_timeout_s)
+    command = torchrun_argv(cluster, port, run_id, argv, join_timeout_s, max_restarts)
     base = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     procs: list[subprocess.Popen] = []
     outs: list[_Output] = []

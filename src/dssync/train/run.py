@@ -51,11 +51,13 @@ def _join_group(cfg: TrainConfig) -> None:
 
     torchrun keeps one store for all restarts of a job, so without the namespace a restarted
     worker may read a dead peer's address left by the previous attempt and fail to connect.
+    The namespace counts this rank's starts in the store, not ``TORCHELASTIC_RESTART_COUNT``:
+    each agent counts only its own hosts' failures, so after one host's worker dies the hosts
+    disagree on it, while every round of torchrun's rendezvous starts every rank once.
     """
     device = resolve_device(cfg.device)
     backend = backend_for(device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or "MASTER_ADDR" not in os.environ:
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or "MASTER_ADDR" not in os.environ:
         init_from_env(backend=backend, timeout_s=cfg.timeout_s)
         return
     rank, world = int(_env("RANK")), int(_env("WORLD_SIZE"))
@@ -67,7 +69,8 @@ def _join_group(cfg: TrainConfig) -> None:
         is_master=not agent_store and rank == 0,
         timeout=timedelta(seconds=cfg.timeout_s),
     )
-    store = dist.PrefixStore(f"dssync/attempt{attempt}", store)
+    starts = store.add(f"dssync/starts/rank{rank}", 1)
+    store = dist.PrefixStore(f"dssync/start{starts}", store)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(

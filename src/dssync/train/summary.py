@@ -114,6 +114,7 @@ def summarize(
     digest = model_digest(strategy.module)
     distance = consensus_distance(strategy.module)
     strategy.average_all()
+    final_digest = model_digest(strategy.module)  # equal on every rank, buffers and all
     final = evaluate(wl, strategy.module, data.test)
     swa_metric = None if swa is None else swa_ensemble(wl, swa, data, device)[wl.metric_name]
     per_rank: list[Any] = [None] * world
@@ -127,6 +128,7 @@ def summarize(
             "train_s": run.train_s,
             "loop_s": run.loop_s,
             "digest": digest,
+            "final_digest": final_digest,
             "threads": torch.get_num_threads(),
         },
         group=side_group(),
@@ -150,6 +152,7 @@ def summarize(
         else None,
         "consensus_distance": distance,
         "worker_model_sha256": [r["digest"] for r in per_rank],
+        "final_model_sha256": [r["final_digest"] for r in per_rank],
         "steps": run.step,
         "resumed_from": run.resumed_from,
         "iter_time_s": float(np.mean(iters)),
