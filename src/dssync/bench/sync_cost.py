@@ -7,7 +7,10 @@ For a flat model of M parameters, every rank times, interleaved step by step:
   dssync  ``DSSync.step()`` over the same groups (buckets, routing, chunked exchange, step tag);
   raw_exchange  one whole-buffer ``batch_isend_irecv`` with the partner, then add and halve: the
           least a point-to-point pair average costs, so ``dssync / raw_exchange`` is what chunking,
-          tags and routing add;
+          tags and routing add. With a compressed ``wire`` it is that format's least: encode with
+          the residual, swap the messages, decode the peer's, the mean of the two in rank order
+          into the buffer (what DS-Sync's pair does, less the tags); the fp32 exchange is timed
+          beside it (``raw_fp32_exchange``);
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
 A step's time is the slowest rank's. Raw and DS-Sync run back to back in alternating order, and
@@ -119,8 +122,23 @@ def measure(
             ddp(x).backward()
 
     def dssync_step(s: int) -> None:
-        sync.steps = s
+        sync.steps, sync.averagings = s, s  # the raw ops' group: the partition of step s
         sync.step()
+
+    wire_residual, got = torch.zeros(numel), codec.empty(numel, flat)
+
+    def raw_wire_exchange(s: int) -> None:
+        g = group_of(schedule.partition(s, world), rank)
+        if len(g) != 2:
+            raw_average(s)
+            return
+        peer = g[0] if g[1] == rank else g[1]
+        msg, mine = encode_with_feedback(codec, flat, wire_residual)
+        ops = [op for out, into in zip(msg, got, strict=True) for op in swap_ops(into, out, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        theirs = codec.decode(got, numel, flat.dtype)
+        mean_in_order([mine, theirs] if rank < peer else [theirs, mine], out=flat)
 
     def encode_only() -> float:
         t0 = time.perf_counter()
@@ -137,23 +155,29 @@ def measure(
         "ddp_backward": [],
         "local_backward": [],
         "encode": [],
+        "raw_fp32_exchange": [],
     }
+    compressed = wire != "fp32"
     for s in range(-2, steps):  # two warm-up steps
         row = {}
         trio = [
             ("raw", raw_step),
             ("raw_avg", raw_average),
             ("dssync", dssync_step),
-            ("raw_exchange", raw_exchange),
+            ("raw_exchange", raw_wire_exchange if compressed else raw_exchange),
         ]
+        if compressed:
+            trio.append(("raw_fp32_exchange", raw_exchange))
         for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
-        row["encode"] = encode_only() if wire != "fp32" else 0.0
+        row["encode"] = encode_only() if compressed else 0.0
         row["ddp_backward"] = _timed(ddp_backward)
         row["local_backward"] = _timed(local_backward)
         if s >= 0:
             for k, v in row.items():
                 times[k].append(v)
+    if not compressed:
+        times["raw_fp32_exchange"] = times["raw_exchange"]
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
@@ -183,6 +207,10 @@ def measure(
         "raw_exchange_s": med["raw_exchange"],
         "overhead_vs_raw_exchange": statistics.median(
             d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)
+        ),
+        "raw_fp32_exchange_s": med["raw_fp32_exchange"],
+        "overhead_vs_fp32_exchange": statistics.median(
+            d / r for d, r in zip(times["dssync"], times["raw_fp32_exchange"], strict=True)
         ),
     }
 

@@ -183,16 +183,28 @@ def encode_with_feedback(
 
     Returns the message and its decoded value (what every peer will decode from it).
     """
-    v = buffer + residual
-    msg = codec.encode(v)
+    v = residual.add_(buffer)  # buffer + residual, formed in the residual's own memory
+    msg = [  # a format that keeps the buffer's dtype may hand back v itself: v changes below
+        m.clone() if m.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() else m
+        for m in codec.encode(v)
+    ]
     mine = codec.decode(msg, v.numel(), v.dtype)
-    torch.sub(v, mine, out=residual)
+    residual.sub_(mine)
     return msg, mine
 
 
-def mean_in_order(values: list[torch.Tensor]) -> torch.Tensor:
-    """The mean of ``values`` summed in the order given (members sum alike: the same bits)."""
-    total = values[0].clone()
-    for v in values[1:]:
-        total.add_(v)
+def mean_in_order(values: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``values`` summed in the order given (members sum alike: the same bits).
+
+    With ``out`` the mean is written there with no temporary (one add per value, one divide);
+    ``out`` may be ``values[0]`` or ``values[1]``, else it must share no memory with any value.
+    """
+    if len(values) == 1:
+        total = values[0].clone() if out is None else out.copy_(values[0])
+    else:
+        total = (
+            torch.add(values[0], values[1], out=out) if out is not None else values[0] + values[1]
+        )
+        for v in values[2:]:
+            total.add_(v)
     return total.div_(len(values))
