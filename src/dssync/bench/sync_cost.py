@@ -125,7 +125,12 @@ def measure(
         sync.steps, sync.averagings = s, s  # the raw ops' group: the partition of step s
         sync.step()
 
-    wire_residual, got = torch.zeros(numel), codec.empty(numel, flat)
+    # the compressed exchange works on pieces as large as DS-Sync's buckets, as its encodings
+    # do: one whole-model encoding makes temporaries the allocator maps afresh at every call
+    per = max(int(bucket_mb * 2**20) // 4, 1)
+    pieces = [slice(i, min(i + per, numel)) for i in range(0, numel, per)]
+    wire_residual = torch.zeros(numel)
+    got = [codec.empty(sl.stop - sl.start, flat) for sl in pieces]
 
     def raw_wire_exchange(s: int) -> None:
         g = group_of(schedule.partition(s, world), rank)
@@ -133,12 +138,18 @@ def measure(
             raw_average(s)
             return
         peer = g[0] if g[1] == rank else g[1]
-        msg, mine = encode_with_feedback(codec, flat, wire_residual)
-        ops = [op for out, into in zip(msg, got, strict=True) for op in swap_ops(into, out, peer)]
+        sent = [encode_with_feedback(codec, flat[sl], wire_residual[sl]) for sl in pieces]
+        ops = [
+            op
+            for (msg, _), into in zip(sent, got, strict=True)
+            for out, theirs in zip(msg, into, strict=True)
+            for op in swap_ops(theirs, out, peer)
+        ]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
-        theirs = codec.decode(got, numel, flat.dtype)
-        mean_in_order([mine, theirs] if rank < peer else [theirs, mine], out=flat)
+        for sl, (_, mine), into in zip(pieces, sent, got, strict=True):
+            theirs = codec.decode(into, sl.stop - sl.start, flat.dtype)
+            mean_in_order([mine, theirs] if rank < peer else [theirs, mine], out=flat[sl])
 
     def encode_only() -> float:
         t0 = time.perf_counter()

@@ -99,12 +99,12 @@ class Int8(Codec):
         rows = _rows(v.float())
         scale = rows.abs().amax(dim=1) / 127.0
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        q = torch.div(rows, scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return [q.reshape(-1), scale]
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
         q, scale = msg
-        rows = q.view(-1, CHUNK).float() * scale[:, None]
+        rows = torch.mul(q.view(-1, CHUNK), scale[:, None])  # int8 * float32: one pass
         return rows.reshape(-1)[:numel].to(dtype)
 
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
@@ -124,7 +124,7 @@ def _chunks(numel: int) -> int:
 
 def _rows(v: torch.Tensor) -> torch.Tensor:
     pad = _chunks(v.numel()) * CHUNK - v.numel()
-    return F.pad(v, (0, pad)).view(-1, CHUNK)
+    return F.pad(v, (0, pad)).view(-1, CHUNK) if pad else v.view(-1, CHUNK)  # read only
 
 
 def codec_for(wire: str) -> Codec:
