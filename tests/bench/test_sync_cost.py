@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -25,12 +26,18 @@ def test_measure_reports_paired_overhead():
     assert r["overhead_q1"] <= r["overhead"] <= r["overhead_q3"]
     assert r["overhead_of_medians"] == pytest.approx(r["dssync_s"] / r["raw_s"])
     assert r["raw_avg_s"] > 0 and r["overhead_vs_raw_avg"] > 0
+    assert r["raw_fp32_exchange_s"] == r["raw_exchange_s"] > 0  # fp32: the one exchange
+    assert r["overhead_vs_fp32_exchange"] == r["overhead_vs_raw_exchange"] > 0
 
 
 def test_measure_with_int8_reports_its_bytes_and_its_own_cost():
     r = spawn(measure, 2, args=(20_000, 2, 3, 0, 0.02, "int8"), timeout_s=120)[0]
     assert r["wire"] == "int8" and r["encode_s"] > 0
     assert r["wire_bytes"] < 0.26 * 4 * 20_000 and r["dssync_s"] > 0
+    # the int8 exchange is its own reference, timed beside the fp32 one
+    assert r["raw_exchange_s"] > 0 and r["raw_fp32_exchange_s"] > 0
+    assert r["raw_exchange_s"] != r["raw_fp32_exchange_s"]
+    assert r["overhead_vs_raw_exchange"] > 0 and r["overhead_vs_fp32_exchange"] > 0
 
 
 def test_cli_prints_and_writes_json(tmp_path):
@@ -42,6 +49,10 @@ def test_cli_prints_and_writes_json(tmp_path):
             "bench-sync",
             "--params",
             "20000",
+            "--params",
+            "30000",
+            "--wire",
+            "int8",
             "--workers",
             "2",
             "--steps",
@@ -53,8 +64,14 @@ def test_cli_prints_and_writes_json(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "overhead" in r.stdout and "DDP" in r.stdout
+    for n in ("20,000", "30,000"):  # the summary: each size's DS-Sync / raw exchange per wire
+        assert re.search(rf"{n} │ +2 │ +[0-9.]+x │", r.stdout), r.stdout
     rows = json.loads(path.read_text())
-    assert [row["world_size"] for row in rows] == [2] and rows[0]["overhead"] > 0
+    assert [(row["numel"], row["world_size"], row["wire"]) for row in rows] == [
+        (20_000, 2, "int8"),
+        (30_000, 2, "int8"),
+    ]
+    assert all(row["overhead"] > 0 for row in rows)
 
 
 def test_scale_makes_no_group_after_step1_while_the_old_path_does():

@@ -37,6 +37,33 @@ def test_one_encoding_loses_at_most_half_a_step(wire):
         assert bool((err <= (x.abs() + info.tiny) * info.eps / 2).all())
 
 
+def test_mean_into_a_buffer_gives_the_bits_of_the_mean_with_a_temporary():
+    torch.manual_seed(1)
+    values = [torch.randn(1000) * 10 ** torch.randn(1000) for _ in range(3)]
+    want = [mean_in_order(values[:k]) for k in (1, 2, 3)]
+    for k in (1, 2, 3):
+        out = torch.full((1000,), float("nan"))
+        assert torch.equal(mean_in_order([v.clone() for v in values[:k]], out=out), want[k - 1])
+        first = [v.clone() for v in values[:k]]  # the first value itself takes the mean
+        assert torch.equal(mean_in_order(first, out=first[0]), want[k - 1])
+        assert torch.equal(first[0], want[k - 1])
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16", "fp16", "int8"])
+def test_feedback_in_place_keeps_the_message_and_the_residual_of_the_formula(wire):
+    codec = codec_for(wire)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wire, torch.float32)
+    for buffer_dtype in {torch.float32, dtype}:  # a bf16 model on the bf16 wire: v is its message
+        x = (torch.randn(2 * CHUNK + 3) * 3).to(buffer_dtype)
+        e = (torch.randn(x.numel()) * 1e-3).to(buffer_dtype)
+        v = x + e
+        want_msg = [m.clone() for m in codec.encode(v)]
+        want_mine = codec.decode(want_msg, v.numel(), v.dtype)
+        msg, mine = encode_with_feedback(codec, x, e)
+        assert all(torch.equal(a, b) for a, b in zip(msg, want_msg, strict=True))
+        assert torch.equal(mine, want_mine) and torch.equal(e, v - want_mine)
+
+
 def test_int8_moves_about_a_quarter_of_the_fp32_bytes():
     n = 4_000_000
     assert codec_for("int8").nbytes(n) / codec_for("fp32").nbytes(n) < 0.252

@@ -7,7 +7,10 @@ For a flat model of M parameters, every rank times, interleaved step by step:
   dssync  ``DSSync.step()`` over the same groups (buckets, routing, chunked exchange, step tag);
   raw_exchange  one whole-buffer ``batch_isend_irecv`` with the partner, then add and halve: the
           least a point-to-point pair average costs, so ``dssync / raw_exchange`` is what chunking,
-          tags and routing add;
+          tags and routing add. With a compressed ``wire`` it is that format's least: encode with
+          the residual, swap the messages, decode the peer's, the mean of the two in rank order
+          into the buffer (what DS-Sync's pair does, less the tags); the fp32 exchange is timed
+          beside it (``raw_fp32_exchange``);
   ddp     DDP's gradient all-reduce over all ranks: backward under DDP minus backward under
           ``no_sync()`` on the same model.
 A step's time is the slowest rank's. Raw and DS-Sync run back to back in alternating order, and
@@ -119,14 +122,41 @@ def measure(
             ddp(x).backward()
 
     def dssync_step(s: int) -> None:
-        sync.steps = s
+        sync.steps, sync.averagings = s, s  # the raw ops' group: the partition of step s
         sync.step()
+
+    # the compressed exchange works on pieces as large as DS-Sync's buckets, as its encodings
+    # do: one whole-model encoding makes temporaries the allocator maps afresh at every call
+    per = max(int(bucket_mb * 2**20) // 4, 1)
+    pieces = [slice(i, min(i + per, numel)) for i in range(0, numel, per)]
+    wire_residual = torch.zeros(numel)
+    got = [codec.empty(sl.stop - sl.start, flat) for sl in pieces]
+
+    def raw_wire_exchange(s: int) -> None:
+        g = group_of(schedule.partition(s, world), rank)
+        if len(g) != 2:
+            raw_average(s)
+            return
+        peer = g[0] if g[1] == rank else g[1]
+        sent = [encode_with_feedback(codec, flat[sl], wire_residual[sl]) for sl in pieces]
+        ops = [
+            op
+            for (msg, _), into in zip(sent, got, strict=True)
+            for out, theirs in zip(msg, into, strict=True)
+            for op in swap_ops(theirs, out, peer)
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        for sl, (_, mine), into in zip(pieces, sent, got, strict=True):
+            theirs = codec.decode(into, sl.stop - sl.start, flat.dtype)
+            mean_in_order([mine, theirs] if rank < peer else [theirs, mine], out=flat[sl])
 
     def encode_only() -> float:
         t0 = time.perf_counter()
-        msg, mine = encode_with_feedback(codec, flat, residual)
-        theirs = codec.decode(msg, numel, flat.dtype)
-        mean_in_order([mine, theirs])
+        for sl in pieces:  # in DS-Sync's bucket sizes, as the step encodes
+            msg, mine = encode_with_feedback(codec, flat[sl], residual[sl])
+            theirs = codec.decode(msg, sl.stop - sl.start, flat.dtype)
+            mean_in_order([mine, theirs])
         return time.perf_counter() - t0
 
     times: dict[str, list[float]] = {
@@ -137,23 +167,29 @@ def measure(
         "ddp_backward": [],
         "local_backward": [],
         "encode": [],
+        "raw_fp32_exchange": [],
     }
+    compressed = wire != "fp32"
     for s in range(-2, steps):  # two warm-up steps
         row = {}
         trio = [
             ("raw", raw_step),
             ("raw_avg", raw_average),
             ("dssync", dssync_step),
-            ("raw_exchange", raw_exchange),
+            ("raw_exchange", raw_wire_exchange if compressed else raw_exchange),
         ]
+        if compressed:
+            trio.append(("raw_fp32_exchange", raw_exchange))
         for name, fn in trio if s % 2 == 0 else trio[::-1]:
             row[name] = _timed(lambda fn=fn, s=s: fn(s % 8))
-        row["encode"] = encode_only() if wire != "fp32" else 0.0
+        row["encode"] = encode_only() if compressed else 0.0
         row["ddp_backward"] = _timed(ddp_backward)
         row["local_backward"] = _timed(local_backward)
         if s >= 0:
             for k, v in row.items():
                 times[k].append(v)
+    if not compressed:
+        times["raw_fp32_exchange"] = times["raw_exchange"]
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
@@ -183,6 +219,10 @@ def measure(
         "raw_exchange_s": med["raw_exchange"],
         "overhead_vs_raw_exchange": statistics.median(
             d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)
+        ),
+        "raw_fp32_exchange_s": med["raw_fp32_exchange"],
+        "overhead_vs_fp32_exchange": statistics.median(
+            d / r for d, r in zip(times["dssync"], times["raw_fp32_exchange"], strict=True)
         ),
     }
 

@@ -16,9 +16,10 @@ from dssync.launch import spawn
     "--params",
     "numel",
     type=click.IntRange(1000),
-    default=10_000_000,
+    multiple=True,
+    default=(10_000_000,),
     show_default=True,
-    help="Parameters of the flat model.",
+    help="Parameters of the flat model (repeat the option to measure several sizes).",
 )
 @click.option(
     "--workers",
@@ -60,16 +61,32 @@ from dssync.launch import spawn
 def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires, json_path) -> None:
     """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
     if scale:
-        _scale(numel, worker_counts, steps, json_path)
+        rows = []
+        for n in numel:
+            rows += _scale(n, worker_counts, steps)
+        if json_path:
+            write_json(json_path, rows)
         return
-    rows = []
     for world in worker_counts:
         if group_size > world:
             raise click.BadParameter(f"--group-size {group_size} exceeds --workers {world}")
-        for wire in wires:
-            console.print(f"measuring {world} workers, {numel:,} parameters, wire {wire} ...")
-            args = (numel, group_size, steps, 0, bucket_mb, wire)
-            rows.append(spawn(measure, world, args=args, timeout_s=1800)[0])
+    rows = []
+    for n in numel:
+        size_rows = []
+        for world in worker_counts:
+            for wire in wires:
+                console.print(f"measuring {world} workers, {n:,} parameters, wire {wire} ...")
+                args = (n, group_size, steps, 0, bucket_mb, wire)
+                size_rows.append(spawn(measure, world, args=args, timeout_s=1800)[0])
+        _print_size(n, steps, size_rows)
+        rows += size_rows
+    if len(numel) > 1 or len(wires) > 1:
+        _print_vs_exchange(rows, wires)
+    if json_path:
+        write_json(json_path, rows)
+
+
+def _print_size(numel: int, steps: int, rows: list[dict]) -> None:
     table = Table(
         title=f"one synchronization step, {numel:,} parameters (median of {steps}, slowest rank)"
     )
@@ -86,6 +103,7 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires,
         "vs all_reduce + divide",
         "raw whole-buffer exchange",
         "vs exchange",
+        "vs fp32 exchange",
         "DDP grad all-reduce",
         "DDP / DS-Sync",
     ]:
@@ -104,6 +122,7 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires,
             f"{r['overhead_vs_raw_avg']:.3f}x",
             fmt_ms(r["raw_exchange_s"]),
             f"{r['overhead_vs_raw_exchange']:.3f}x",
+            f"{r['overhead_vs_fp32_exchange']:.3f}x",
             fmt_ms(r["ddp_s"]),
             f"{r['ddp_s'] / r['dssync_s']:.2f}x",
         )
@@ -111,15 +130,31 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires,
     console.print(
         "overhead: median over steps of (DS-Sync step / raw all_reduce), timed back to back; "
         "'vs all_reduce + divide' is the same against an all_reduce followed by the division; "
-        "'vs exchange' against one whole-buffer fp32 send/recv with the partner, then add and "
-        "halve; 'MB sent' is one rank's message per pair step in the wire format, 'encode' "
-        "that format's own compute per step (encode with error feedback, decode, mean)"
+        "'vs exchange' against one whole-buffer send/recv with the partner in the same wire "
+        "format, then the mean (fp32: add and halve; compressed: encode with error feedback, "
+        "decode, mean), 'vs fp32 exchange' against the fp32 one; 'MB sent' is one rank's "
+        "message per pair step in the wire format, 'encode' that format's own compute per step "
+        "(encode with error feedback, decode, mean)"
     )
-    if json_path:
-        write_json(json_path, rows)
 
 
-def _scale(numel: int, worker_counts: tuple[int, ...], steps: int, json_path: str | None) -> None:
+def _print_vs_exchange(rows: list[dict], wires: tuple[str, ...]) -> None:
+    """One line per size and world size: each wire's DS-Sync step / its raw exchange."""
+    table = Table(title="DS-Sync step / raw whole-buffer exchange in the same wire format")
+    table.add_column("parameters", justify="right")
+    table.add_column("workers", justify="right")
+    for wire in wires:
+        table.add_column(wire, justify="right")
+    lines: dict[tuple[int, int], dict[str, str]] = {}
+    for r in rows:
+        ratio = f"{r['overhead_vs_raw_exchange']:.3f}x"
+        lines.setdefault((r["numel"], r["world_size"]), {})[r["wire"]] = ratio
+    for (n, world), by_wire in lines.items():
+        table.add_row(f"{n:,}", str(world), *(by_wire.get(w, "-") for w in wires))
+    console.print(table)
+
+
+def _scale(numel: int, worker_counts: tuple[int, ...], steps: int) -> list[dict]:
     rows = []
     for world in worker_counts:
         console.print(
@@ -161,5 +196,4 @@ def _scale(numel: int, worker_counts: tuple[int, ...], steps: int, json_path: st
             fmt_ms(r["tag_p99_s"]),
         )
     console.print(table)
-    if json_path:
-        write_json(json_path, rows)
+    return rows

@@ -56,7 +56,7 @@ def encoded_average(
         values = [
             mine[i] if r == rank else codec.decode(got[r][i], b.numel(), b.dtype) for r in group
         ]
-        b.copy_(mean_in_order(values))
+        mean_in_order(values, out=b)  # decoded copies only: b is free to take the sum
     return arrived
 
 

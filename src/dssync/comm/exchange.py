@@ -278,12 +278,14 @@ class Exchange:
             for j, p in enumerate(peers):
                 wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
                 wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
-            own = buffers[i][sl]
+            own = buffers[i][sl]  # sent and received: free to overwrite
             parts = [own if r == self.rank else recv[(peers.index(r), i)][sl] for r in group]
-            total = parts[0].clone()
-            for part in parts[1:]:
+            # the sum in group order, kept in the first member's buffer (own or a scratch) and
+            # finished into own: no clone, no copy back, the same bits on every member
+            total = parts[0]
+            for part in parts[1:-1]:
                 total.add_(part)
-            own.copy_(total.div_(k))
+            torch.add(total, parts[-1], out=own).div_(k)
 
     def _pair(
         self,

@@ -99,12 +99,12 @@ class Int8(Codec):
         rows = _rows(v.float())
         scale = rows.abs().amax(dim=1) / 127.0
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        q = torch.div(rows, scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         return [q.reshape(-1), scale]
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
         q, scale = msg
-        rows = q.view(-1, CHUNK).float() * scale[:, None]
+        rows = torch.mul(q.view(-1, CHUNK), scale[:, None])  # int8 * float32: one pass
         return rows.reshape(-1)[:numel].to(dtype)
 
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
@@ -124,7 +124,7 @@ def _chunks(numel: int) -> int:
 
 def _rows(v: torch.Tensor) -> torch.Tensor:
     pad = _chunks(v.numel()) * CHUNK - v.numel()
-    return F.pad(v, (0, pad)).view(-1, CHUNK)
+    return F.pad(v, (0, pad)).view(-1, CHUNK) if pad else v.view(-1, CHUNK)  # read only
 
 
 def codec_for(wire: str) -> Codec:
@@ -183,16 +183,28 @@ def encode_with_feedback(
 
     Returns the message and its decoded value (what every peer will decode from it).
     """
-    v = buffer + residual
-    msg = codec.encode(v)
+    v = residual.add_(buffer)  # buffer + residual, formed in the residual's own memory
+    msg = [  # a format that keeps the buffer's dtype may hand back v itself: v changes below
+        m.clone() if m.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() else m
+        for m in codec.encode(v)
+    ]
     mine = codec.decode(msg, v.numel(), v.dtype)
-    torch.sub(v, mine, out=residual)
+    residual.sub_(mine)
     return msg, mine
 
 
-def mean_in_order(values: list[torch.Tensor]) -> torch.Tensor:
-    """The mean of ``values`` summed in the order given (members sum alike: the same bits)."""
-    total = values[0].clone()
-    for v in values[1:]:
-        total.add_(v)
+def mean_in_order(values: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``values`` summed in the order given (members sum alike: the same bits).
+
+    With ``out`` the mean is written there with no temporary (one add per value, one divide);
+    ``out`` may be ``values[0]`` or ``values[1]``, else it must share no memory with any value.
+    """
+    if len(values) == 1:
+        total = values[0].clone() if out is None else out.copy_(values[0])
+    else:
+        total = (
+            torch.add(values[0], values[1], out=out) if out is not None else values[0] + values[1]
+        )
+        for v in values[2:]:
+            total.add_(v)
     return total.div_(len(values))
