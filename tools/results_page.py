@@ -106,9 +106,9 @@ def page(found: dict[str, dict]) -> str:
 def readme_block(found: dict[str, dict]) -> str:
     """The README's short table: per result, BSP, DS-Sync's best and the best other remedy."""
     rows = [
-        "| cluster | BSP to target | DS-Sync's fastest | best other remedy "
+        "| cluster | BSP to target | auto (what it ran) | DS-Sync's fastest | best other remedy "
         "| DS-Sync vs other | separated beyond the spread? |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in found.items():
         ms = s["methods"]
@@ -122,8 +122,15 @@ def readme_block(found: dict[str, dict]) -> str:
             continue
         a, b = reached[ours]["time_to_target"], reached[other]["time_to_target"]
         apart = a["max"] < b["min"] or b["max"] < a["min"]
+        auto = ms.get("auto")
+        picked = ""
+        if auto is not None:
+            chosen = ", ".join(sorted(set(auto.get("auto") or []))) or "?"
+            reach = f"{auto['seeds_reaching_target']}/{len(auto['seeds'])}"
+            picked = f"{_ratio(auto, ref)} ({chosen}; {reach} seeds)"
         rows.append(
             f"| {s['meta'].get('title') or name} | {ref['time_to_target']['median']:.1f} s "
+            f"| {picked or 'not run'} "
             f"| {ours} {_ratio(reached[ours], ref)} | {other} {_ratio(reached[other], ref)} "
             f"| {_ratio(reached[ours], reached[other])} | {'yes' if apart else 'no'} |"
         )
