@@ -85,18 +85,23 @@ def plot_metric(
         (path_steps, "step", "iteration"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        colors = plt.get_cmap("tab20").colors if len(runs) > 10 else [f"C{i}" for i in range(10)]
+        ends = [max((e[xkey] for r in rs for e in r["evals"]), default=0) for rs in runs.values()]
+        if xkey == "time_s" and min(ends, default=0) > 0 and max(ends) > 10 * min(ends):
+            ax.set_xscale("log")  # methods an order of magnitude apart stay readable
         for i, (method, rs) in enumerate(runs.items()):
             xs, med, lo, hi = band(rs, metric, xkey)
             n = len(rs)
             chosen = sorted({r["auto"]["method"] for r in rs if "auto" in r})
             name = f"{method}: {', '.join(chosen)}" if chosen else method
             label = f"{name} (median of {n} seeds)" if n > 1 else name
-            ax.plot(xs, med, color=f"C{i}", marker="o", markersize=2.5, label=label)
+            color = colors[i % len(colors)]
+            ax.plot(xs, med, color=color, marker="o", markersize=2.5, label=label)
             if n > 1:
-                ax.fill_between(xs, lo, hi, color=f"C{i}", alpha=0.2, linewidth=0)
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
         if target is not None:
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:g}")
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel + (", log scale" if ax.get_xscale() == "log" else ""))
         ax.set_ylabel(metric)
         ax.set_title(title)
         ax.grid(alpha=0.3)
