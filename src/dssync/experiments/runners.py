@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import tempfile
 import threading
@@ -84,12 +85,26 @@ class ClusterRunner(Runner):
             if not result.ok:
                 host = result.failed_host if result.failed_host is not None else 0
                 log = Path(tmp) / f"host{host}.log"
-                tail = log.read_text(errors="replace")[-2000:] if log.is_file() else ""
-                raise RunFailed(f"{cfg.sync} seed {cfg.seed}: {result.summary()}\n{tail}")
+                text = log.read_text(errors="replace") if log.is_file() else ""
+                cause = _cause(text)
+                raise RunFailed(
+                    f"{cfg.sync} seed {cfg.seed}: {cause or result.summary()}\n"
+                    f"{result.summary()}\n{text[-2000:]}"
+                )
             summary = json.loads(out_path.read_text())
             if events is not None:
                 summary["link_events"] = events.applied
             return summary
+
+
+def _cause(log: str) -> str | None:
+    """The first error a worker raised, from a host's log (``PeerLost: ...``), not the launcher's
+    traceback that follows it; None when there is none."""
+    found = WORKER_ERROR.search(log)
+    return found.group(0)[:300] if found else None
+
+
+WORKER_ERROR = re.compile(r"\b(PeerLost|SyncError|UsageError|DSSyncError|DistStoreError): .*")
 
 
 class StepEvents:
