@@ -115,10 +115,20 @@ def test_tiny_bench_run(tmp_path):
             str(tmp_path / "b.png"),
             "--out-dir",
             str(tmp_path / "work"),
+            *("--method", "ddp", "--method", "hierarchical", "--method", "dssync"),
+            *("--method", "dssync-topo", "--method", "dssync-topo:every=2:wire=int8"),
         ]
     )
     results = json.loads(out.read_text())["results"]["tiny"]
-    assert set(results) == {"ddp", "hierarchical", "dssync", "dssync-topo"}
+    assert set(results) == {
+        "ddp",
+        "hierarchical",
+        "dssync",
+        "dssync-topo",
+        "dssync-topo:every=2:wire=int8",
+    }
+    label = results["dssync-topo:every=2:wire=int8"]["options"]
+    assert (label["every"], label["wire"]) == (2, "int8")  # the label's options reached the ranks
     for r in results.values():
         for key in ("sync_time_s", "iter_time_s", "lower_bound_s"):
             assert r[key] > 0, (key, r)

@@ -31,16 +31,17 @@ import torch
 import torch.distributed as dist
 
 from dssync.bench.sync_cost import FlatModel
+from dssync.errors import UsageError
 from dssync.launch import exit_quietly, init_from_env
 from dssync.methods import (
     OPTIONS,
     RATES,
     TOPOLOGY,
     build_strategy,
-    choices,
     configure,
     for_method,
     get_method,
+    split_label,
 )
 from dssync.strategies import Strategy
 from dssync.topology import detect
@@ -173,9 +174,18 @@ def run(
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "records": records, **info}))
 
 
+def _label(text: str) -> str:
+    """A method name or label (``dssync-topo:wire=int8``), checked as ``dssync bench`` checks it."""
+    try:
+        for_method(TrainConfig(sync=split_label(text)[0]), text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--method", choices=choices(), required=True)
+    p.add_argument("--method", type=_label, required=True, help="a method or label, as bench's")
     p.add_argument("--params", type=int, default=10_000_000)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
@@ -192,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         replan = a.repeat if get_method(a.method).options.get("replan") else None
         cfg = TrainConfig(
-            sync=a.method,
+            sync=split_label(a.method)[0],
             schedule="shuffle",
             group_size=2,
             repeat=a.repeat,
