@@ -75,3 +75,36 @@ def test_cuda_spans_are_waited_for_and_merged_on_one_axis():
     spans = [(_Event(1.0), _Event(1.5)), (_Event(1.2), _Event(2.0)), (_Event(3.0), _Event(3.25))]
     assert covered(_seconds(spans)) == pytest.approx(1.25)
     assert all(end.waited for _, end in spans)
+
+
+def _replicas_after_steps() -> dict[str, float]:
+    from dssync.train.summary import averaged_copy
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 3))
+    strategy = BSP(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(5):
+        torch.manual_seed(10 * step + rank)  # each rank its own batch
+        x, y = torch.randn(8, 16), torch.randn(8, 3)
+        opt.zero_grad()
+        nn.functional.mse_loss(strategy.model(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.zeros_like(flat) for _ in range(WORLD)]
+    dist.all_gather(everyone, flat)
+    mean = torch.cat([p.reshape(-1) for p in averaged_copy(model).parameters()])
+    return {
+        "across ranks": max(float((e - flat).abs().max()) for e in everyone),
+        "vs the averaged copy": float((mean - flat).abs().max()),
+        "moved": float((flat - everyone[0]).abs().max() == 0 and flat.abs().sum() > 0),
+    }
+
+
+def test_ddp_replicas_stay_bitwise_equal_so_an_evaluation_need_not_average_them():
+    # what BSP.replicas_equal claims, and eval_record relies on to skip the parameter average
+    assert BSP.replicas_equal
+    for r in spawn(_replicas_after_steps, WORLD, timeout_s=120):
+        assert r["across ranks"] == 0.0 and r["moved"] == 1.0, r
+        assert r["vs the averaged copy"] < 1e-6, r  # the mean of equal copies (up to rounding)

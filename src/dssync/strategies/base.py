@@ -33,6 +33,9 @@ class Strategy:
     """
 
     name = "none"
+    # True where every rank's parameters are bitwise equal after every step (DDP and its
+    # hooks), so an evaluation need not average them first.
+    replicas_equal = False
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
         self.module = module

@@ -41,6 +41,9 @@ class BSP(Strategy):
     """
 
     name = "bsp"
+    # every rank applies the same all-reduced gradient (tests/strategies/test_baselines.py
+    # checks fp16 and PowerSGD, tests/strategies/test_bsp.py plain DDP)
+    replicas_equal = True
 
     def __init__(
         self,

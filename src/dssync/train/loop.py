@@ -71,7 +71,15 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         if evaluation_due(cfg, run.step, data.steps_per_epoch, total):
             epoch = data.epoch(run.step - 1)
             run.evals.append(
-                eval_record(data.wl, strategy.module, data.test, run.step, epoch, run.train_s)
+                eval_record(
+                    data.wl,
+                    strategy.module,
+                    data.test,
+                    run.step,
+                    epoch,
+                    run.train_s,
+                    equal=strategy.replicas_equal,
+                )
             )
         if saver is not None and checkpoint_due(cfg, run.step, data.steps_per_epoch, total):
             saver.save(run, phase.average)

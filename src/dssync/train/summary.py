@@ -32,13 +32,18 @@ from dssync.train.swa import WeightAverage, recompute_batch_norm
 from dssync.workloads import Workload
 
 
-def averaged_copy(module: nn.Module) -> nn.Module:
+def averaged_copy(module: nn.Module, parameters: bool = True) -> nn.Module:
     """A copy of ``module`` holding the mean of every rank's parameters and floating buffers.
 
-    All ranks call this; their own modules are left untouched.
+    All ranks call this; their own modules are left untouched. ``parameters=False`` averages the
+    floating buffers alone, for a strategy whose ranks hold equal parameters already
+    (:attr:`dssync.strategies.Strategy.replicas_equal`).
     """
     avg = copy.deepcopy(module)
-    tensors = [p for p in avg.parameters()] + [b for b in avg.buffers() if b.is_floating_point()]
+    tensors = [p for p in avg.parameters()] if parameters else []
+    tensors += [b for b in avg.buffers() if b.is_floating_point()]
+    if not tensors:
+        return avg
     with torch.no_grad():
         average_tensors(tensors, None, dist.get_world_size())
     return avg
@@ -68,14 +73,26 @@ def slowest(seconds: float) -> float:
 
 
 def eval_record(
-    wl: Workload, module: nn.Module, test_set, step: int, epoch: int, t: float
+    wl: Workload,
+    module: nn.Module,
+    test_set,
+    step: int,
+    epoch: int,
+    t: float,
+    equal: bool = False,
 ) -> dict[str, Any]:
-    """Metrics of the globally averaged model at ``step``.
+    """Metrics of the globally averaged model at ``step`` (``equal``: the ranks' parameters are
+    equal already, so only the buffers are averaged).
 
     ``time_s`` is the training time (evaluations excluded) of the slowest rank so far, the time
-    a job waits for; ``rank_time_s`` is this rank's own ``t``.
+    a job waits for; ``rank_time_s`` is this rank's own ``t``. Every rank averages; rank 0
+    alone evaluates and sends the metrics to the others (eight evaluations of one model on
+    shared cores were most of an emulated run's evaluation time).
     """
-    metrics = evaluate(wl, averaged_copy(module), test_set)
+    avg = averaged_copy(module, parameters=not equal)
+    metrics = [evaluate(wl, avg, test_set) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(metrics, src=0, group=side_group())  # metadata: gloo, never nccl
+    metrics = metrics[0]
     return {
         "step": step,
         "epoch": epoch,
