@@ -246,3 +246,34 @@ def test_bench_tables_fit_80_columns():
     assert (
         recovery_table({"s1": {"ddp": {k: v for k, v in row.items() if "recov" not in k}}}) is None
     )
+
+
+def test_a_failed_run_is_kept_aside_and_the_bench_goes_on(monkeypatch):
+    from contextlib import nullcontext
+
+    from dssync.experiments import cluster_bench
+
+    spec = load_cluster("tiny")
+
+    class Fake:
+        def __init__(self, spec):
+            self.spec = spec
+
+    def run_method(cluster, method, settings):
+        if method == "dssync":
+            raise ClusterError("host 1: torchrun exited with code 1 (PeerLost: rank 0 exited)")
+        return {"iter_time_s": 1.0, "sync_time_s": 0.5, "compute_s": 0.1}
+
+    monkeypatch.setattr(cluster_bench, "Cluster", lambda s: nullcontext(Fake(s)))
+    monkeypatch.setattr(cluster_bench, "run_method", run_method)
+    failed: dict = {}
+    methods = ["ddp", "dssync", "dssync-topo"]
+    settings = cluster_bench.BenchSettings()
+    results = cluster_bench.run_bench(
+        ["tiny"], methods, settings, log=lambda m: None, failed=failed
+    )
+    assert set(results[spec.name]) == {"ddp", "dssync-topo"}
+    assert "PeerLost" in failed[spec.name]["dssync"]
+    assert results[spec.name]["dssync-topo"]["ratio_to_ddp"] == 1.0
+    with pytest.raises(ClusterError, match="PeerLost"):  # without a place for failures: raised
+        cluster_bench.run_bench(["tiny"], methods, settings, log=lambda m: None)

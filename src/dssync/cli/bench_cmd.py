@@ -151,7 +151,10 @@ def bench(
         compute_kind=compute_kind,
         options=options,
     )
-    results = run_bench(list(scenarios), list(methods), settings, log=lambda m: console.print(m))
+    failed: dict[str, dict[str, str]] = {}
+    results = run_bench(
+        list(scenarios), list(methods), settings, log=lambda m: console.print(m), failed=failed
+    )
     console.print(bench_table(results, params, compute_ms, compute_kind))
     changes = recovery_table(results)
     if changes is not None:
@@ -165,5 +168,11 @@ def bench(
             {
                 "settings": {**vars(settings), "out_dir": str(out), "spread": SPREAD},
                 "results": results,
+                "failed": failed,
             },
+        )
+    if failed:
+        runs = [f"{s} / {m}" for s, ms in failed.items() for m in ms]
+        raise click.ClickException(
+            f"{len(runs)} run(s) failed ({', '.join(runs)}); the others are in the tables above"
         )

@@ -68,9 +68,15 @@ def run_bench(
     methods: list[str],
     settings: BenchSettings,
     log: Callable[[str], None] = print,
+    failed: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Results by scenario, then by method; see :func:`dssync.bench.timings.summarize` and
-    :func:`run_method` for the keys."""
+    :func:`run_method` for the keys.
+
+    A method whose run fails on the cluster (a worker's error, a timeout) is left out of the
+    results and the bench goes on with the next; with ``failed`` given, its error is kept there
+    by scenario and method, else the first failure is raised.
+    """
     for method in methods:
         get_method(method)  # before any cluster is built
     results: dict[str, dict[str, Any]] = {}
@@ -80,7 +86,13 @@ def run_bench(
             results[spec.name] = {}
             for method in methods:
                 log(f"{spec.name}: {method} ...")
-                results[spec.name][method] = run_method(cluster, method, settings)
+                try:
+                    results[spec.name][method] = run_method(cluster, method, settings)
+                except ClusterError as exc:
+                    if failed is None:
+                        raise
+                    log(f"{spec.name}: {method} failed: {exc}")
+                    failed.setdefault(spec.name, {})[method] = str(exc)
         ddp = next((r for m, r in results[spec.name].items() if get_method(m).name == "bsp"), None)
         for m, r in results[spec.name].items():
             r["ratio_to_ddp"] = r["iter_time_s"] / ddp["iter_time_s"] if ddp else None
