@@ -166,6 +166,7 @@ def bench(
         write_json(
             json_path,
             {
+                "meta": provenance(),
                 "settings": {**vars(settings), "out_dir": str(out), "spread": SPREAD},
                 "results": results,
                 "failed": failed,
