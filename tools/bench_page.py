@@ -63,12 +63,13 @@ def section(name: str, run: dict) -> list[str]:
     meta, s = run.get("meta", {}), run["settings"]
     lines = []
     for scenario, methods in run["results"].items():
+        workers = max((len(r.get("rank_hosts") or []) for r in methods.values()), default=0)
         lines += [
             f"## {scenario}",
             "",
-            f"{s['params'] / 1e6:g}M parameters (fp32), 8 workers, one thread each; "
-            f"{s['steps']} steps, the first {s['warmup']} not counted. "
-            f"Run {meta.get('date', '?')} at commit {meta.get('commit') or '?'}:",
+            f"{s['params'] / 1e6:g}M parameters (fp32), {workers or '?'} workers; {s['steps']} "
+            f"steps, the first {s['warmup']} not counted. Run {meta.get('date', '?')} at commit "
+            f"{meta.get('commit') or '?'}:",
             "",
             f"    {meta.get('command', '?')}",
             "",
@@ -76,9 +77,11 @@ def section(name: str, run: dict) -> list[str]:
             "",
         ]
         failed = run.get("failed", {}).get(scenario, {})
-        lines += [f"- {m} failed: {why.splitlines()[0]}" for m, why in failed.items()]
-        if (RESULTS / f"{name}.png").is_file():
-            lines += [f"![{name}](results/bench/{name}.png)", ""]
+        if failed:
+            lines += [f"- {m} failed: {why.splitlines()[0]}" for m, why in failed.items()]
+            lines.append("")
+    if (RESULTS / f"{name}.png").is_file():
+        lines += [f"![{name}](results/bench/{name}.png)", ""]
     return lines
 
 

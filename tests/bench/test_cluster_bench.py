@@ -277,3 +277,13 @@ def test_a_failed_run_is_kept_aside_and_the_bench_goes_on(monkeypatch):
     assert results[spec.name]["dssync-topo"]["ratio_to_ddp"] == 1.0
     with pytest.raises(ClusterError, match="PeerLost"):  # without a place for failures: raised
         cluster_bench.run_bench(["tiny"], methods, settings, log=lambda m: None)
+
+
+def test_bench_refuses_an_option_a_method_does_not_take_before_any_cluster(capsys, monkeypatch):
+    from dssync.experiments import cluster_bench
+
+    monkeypatch.setattr(cluster_bench, "Cluster", lambda spec: pytest.fail("a cluster was built"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--scenario", "tiny", "--method", "ddp:every=4"])
+    assert exit_.value.code == 2
+    assert "ddp does not take every" in capsys.readouterr().err

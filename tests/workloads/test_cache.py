@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dssync.workloads.cache import cached_arrays
+from dssync.workloads.cache import cached_arrays, source_key
 
 
 def _counted():
@@ -34,13 +34,26 @@ def test_a_broken_file_is_parsed_again_and_an_unwritable_folder_only_costs_the_p
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("DSSYNC_CACHE_DIR", str(tmp_path))
-    (tmp_path / "set.npz").write_bytes(b"half a file")
     build, calls = _counted()
-    x, _ = cached_arrays("set", build)
-    assert len(calls) == 1 and x.shape == (2, 3)
-    assert cached_arrays("set", build)[0].shape == (2, 3) and len(calls) == 1  # rewritten
+    cached_arrays("set", build)
+    whole = (tmp_path / "set.npz").read_bytes()
+    for broken in (b"half a file", whole[: len(whole) // 2]):  # not a zip; a zip cut short
+        (tmp_path / "set.npz").write_bytes(broken)
+        x, _ = cached_arrays("set", build)
+        assert x.shape == (2, 3)
+    assert len(calls) == 3
+    assert cached_arrays("set", build)[0].shape == (2, 3) and len(calls) == 3  # rewritten
+    assert (tmp_path / "set.npz").stat().st_mode & 0o777 == 0o644  # readable by others
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("DSSYNC_CACHE_DIR", str(blocker / "cache"))
     x, y = cached_arrays("set", build)
-    assert len(calls) == 2 and y.tolist() == [3, 1]
+    assert len(calls) == 4 and y.tolist() == [3, 1]
+
+
+def test_the_key_follows_the_source_file(tmp_path):
+    source = tmp_path / "data.csv"
+    source.write_text("1,2,3\n")
+    before = source_key("set", source)
+    source.write_text("1,2,3\n4,5,6\n")  # edited in place: another size
+    assert source_key("set", source) != before

@@ -11,15 +11,17 @@ from dssync.bench.cluster_worker import Burn
 from dssync.cli.options import dssync_options
 from dssync.cli.output import console, provenance, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
-from dssync.methods import get_method, help_text, split_label
+from dssync.methods import for_method, get_method, help_text, split_label
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table
 from dssync.schedules.topology import SPREAD
+from dssync.train.config import TrainConfig
 
 
 def _known(ctx: click.Context, param: click.Parameter, names: tuple[str, ...]) -> tuple[str, ...]:
     for name in names:
-        split_label(name)  # an unknown name or option is a UsageError naming the fix
+        base, _ = split_label(name)  # an unknown name or option is a UsageError naming the fix
         get_method(name)
+        for_method(TrainConfig(sync=base), name)  # an option the method does not take, too
     return names
 
 
@@ -155,14 +157,7 @@ def bench(
     results = run_bench(
         list(scenarios), list(methods), settings, log=lambda m: console.print(m), failed=failed
     )
-    console.print(bench_table(results, params, compute_ms, compute_kind))
-    changes = recovery_table(results)
-    if changes is not None:
-        console.print(changes)
-    console.print(losses_table(results))
-    bench_plot(results, plot_path)
-    console.print(f"plot: {plot_path}; worker logs: {out}")
-    if json_path:
+    if json_path:  # first: a failure in the tables or the plot must not lose the runs
         write_json(
             json_path,
             {
@@ -172,6 +167,13 @@ def bench(
                 "failed": failed,
             },
         )
+    console.print(bench_table(results, params, compute_ms, compute_kind))
+    changes = recovery_table(results)
+    if changes is not None:
+        console.print(changes)
+    console.print(losses_table(results))
+    bench_plot(results, plot_path)
+    console.print(f"plot: {plot_path}; worker logs: {out}")
     if failed:
         runs = [f"{s} / {m}" for s, ms in failed.items() for m in ms]
         raise click.ClickException(

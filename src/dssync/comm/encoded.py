@@ -76,25 +76,25 @@ def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
     mine = tag.tensor(device)
     tags = {p: torch.empty_like(mine) for p in peers}
     got = {p: [codec.empty(b.numel(), b) for b in buffers] for p in peers}
-    ops = []
+    heads = []
     for p in peers:
-        ops += swap_ops(tags[p], mine, _global(pg, p), pg)
-    heads = len(ops)
+        heads += swap_ops(tags[p], mine, _global(pg, p), pg)
+    ops = []
     for p in peers:
         for msg, into in zip(sent, got[p], strict=True):
             for out, theirs in zip(msg, into, strict=True):
                 ops += swap_ops(theirs, out, _global(pg, p), pg)
     timeout_s = max(deadline - time.monotonic(), 0.001)
     known = peers if len(peers) == 1 else None
-    lend(op.tensor for op in ops)  # held by gloo's threads until they let go (see inflight)
-    works = dist.batch_isend_irecv(ops)
-    if len(works) != len(ops):  # a backend that coalesces the batch into one work
-        heads = len(works)
-    for w in works[:heads]:
+    lend(op.tensor for op in heads + ops)  # held by gloo's threads until they let go (see inflight)
+    # two batches, posted in the same order on every member: on a backend that coalesces a batch
+    # into one work (nccl) the tags' work still completes before the data's
+    tag_works, data_works = dist.batch_isend_irecv(heads), dist.batch_isend_irecv(ops)
+    for w in tag_works:
         wait(w, deadline, tag, group, timeout_s, known)
     check_peers(tag, tags, group)
     arrived = time.perf_counter()
-    for w in works[heads:]:
+    for w in data_works:
         wait(w, deadline, tag, group, timeout_s, known)
     return got, arrived
 

@@ -88,7 +88,8 @@ def run_bench(
                 log(f"{spec.name}: {method} ...")
                 try:
                     results[spec.name][method] = run_method(cluster, method, settings)
-                except ClusterError as exc:
+                except (ClusterError, OSError, KeyError, ValueError) as exc:
+                    # a run's error, or timings it never wrote: the others still count
                     if failed is None:
                         raise
                     log(f"{spec.name}: {method} failed: {exc}")

