@@ -287,3 +287,17 @@ def test_bench_refuses_an_option_a_method_does_not_take_before_any_cluster(capsy
         main(["bench", "--scenario", "tiny", "--method", "ddp:every=4"])
     assert exit_.value.code == 2
     assert "ddp does not take every" in capsys.readouterr().err
+
+
+def test_the_bound_of_a_compressed_global_average_is_an_all_gather():
+    from dssync.experiments.cluster_bench import bound_bytes
+
+    m, s2 = 4_000_000, load_cluster("s2-inter-rack")
+    fp32 = bound_bytes("diloco", {"every": 1}, m, 8)
+    int8 = bound_bytes("diloco:wire=int8", {"every": 1, "wire": "int8"}, m, 8)
+    pair = bound_bytes("dssync-topo:wire=int8", {"every": 1, "wire": "int8"}, m, 8)
+    assert fp32 == 4 * m and pair == pytest.approx(m, rel=0.01)  # a quarter of fp32's bytes
+    assert int8 == pytest.approx(fp32, rel=0.01)  # 7 int8 buffers gathered: a ring's fp32 bytes
+    assert lower_bound(s2, "diloco:wire=int8", int8) == pytest.approx(
+        lower_bound(s2, "diloco", fp32), rel=0.01
+    )

@@ -188,7 +188,7 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["options"] = ranks[0].get("options", {})  # what the method ran with
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
-    nbytes = wire_share(out["options"]) * 4 * s.params
+    nbytes = bound_bytes(method, out["options"], s.params, spec.world_size)
     out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat)
     out["step_bound_s"] = lower_bound(spec, method, nbytes, s.repeat, per_step=True)
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
@@ -219,6 +219,24 @@ def wire_share(options: dict[str, Any]) -> float:
     codec = codec_for(options.get("wire") or "fp32")
     every, fragments = options.get("every") or 1, options.get("fragments") or 1
     return codec.nbytes(numel) / (4 * numel) / every / fragments
+
+
+def bound_bytes(method: str, options: dict[str, Any], params: int, world: int) -> float:
+    """The bytes of one iteration's average that :func:`dssync.bench.bounds.lower_bound` should
+    route by the method's plan: the fp32 model times :func:`wire_share`, and a compressed average
+    of every rank (diloco's) moves as an ``all_gather`` of k compressed buffers, k/2 times what a
+    ring all-reduce of them would (:mod:`dssync.comm.encoded`).
+
+    Example::
+
+        >>> bound_bytes("diloco:wire=int8", {"wire": "int8", "every": 1}, 1 << 20, 8) / 4 / (1 << 20)
+        1.00390625
+    """
+    nbytes = wire_share(options) * 4 * params
+    compressed = (options.get("wire") or "fp32") != "fp32"
+    if compressed and get_method(method).options.get("plan") == "global":
+        nbytes *= world / 2
+    return nbytes
 
 
 class _EventsWhenWarm:
