@@ -25,6 +25,16 @@ def test_every_result_file_records_how_it_was_made():
         assert meta["date"] and meta["commit"], f
 
 
+def test_every_accuracy_file_records_how_it_was_made():
+    files = sorted(results_page.ACCURACY.glob("*.json"))
+    assert files
+    for f in files:
+        meta = json.loads(f.read_text())["meta"]
+        assert meta["command"].startswith("dssync compare --workload"), f
+        assert "--cluster" not in meta["command"], f  # loopback: what a setting costs in accuracy
+        assert meta["date"] and meta["commit"], f
+
+
 def test_a_hand_edit_of_the_block_is_caught(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     head, rest = (ROOT / "README.md").read_text().split(results_page.BEGIN, 1)
