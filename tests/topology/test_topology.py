@@ -104,6 +104,20 @@ def test_crossings_are_rare_and_narrow():
     assert sorted(parts) == [(i, 8) for i in range(8)]  # one whole model per cycle
 
 
+def test_a_fast_uplink_still_carries_slices_not_the_whole_model():
+    s4 = load_cluster("s4-dynamic").topology()  # uplink as fast as a host link, before its drop
+    plan = plan_topology_aware(s4)
+    assert plan.cross_every == 4 and plan.spread  # the least gap, max_every // 2
+    parts = [plan.part(g, t, 8) for t in range(4) for g in plan.crossings(t, 8)]
+    assert sorted(parts) == [(i, 4) for i in range(4)]  # a quarter of the model at each step
+    assert plan_topology_aware(s4, min_every=1).cross_every == 1  # an uplink nobody else uses
+    assert plan_topology_aware(S2).cross_every == 8  # a slow uplink: the rate decides, as before
+    unknown = Topology(hosts=tuple(range(8)), racks=S2.racks)
+    assert plan_topology_aware(unknown, min_every=1).cross_every == 4  # no rates: max_every // 2
+    with pytest.raises(UsageError, match="min_every=16 must be an integer from 1 to max_every=8"):
+        plan_topology_aware(s4, min_every=16)
+
+
 def test_slow_host_syncs_rarely_in_pairs():
     whole = plan_topology_aware(S3, spread=False)
     groups = [next(g for g in whole.partition(t, 8) if 3 in g) for t in range(whole.repeat)]

@@ -246,13 +246,22 @@ def plan_topology_aware(
     max_every: int = 8,
     cross_pairs: int = 1,
     spread: bool = SPREAD,
+    min_every: int | None = None,
 ) -> TopologyAware:
     """The schedule for a :class:`dssync.topology.Topology`: domains, crossing and slow-host pace.
 
     With known rates, crossings happen every ``every_for(local / (uplink / cross_pairs))`` steps
     and slow hosts sync every ``every_for(local / slow host rate)`` steps (powers of two, at most
     ``max_every``, so an adjustment window of ``max_every`` steps sees a crossing and a slow
-    host's sync). Without rates, crossings happen every ``max_every // 2`` steps. Each crossing
+    host's sync). Without rates, crossings happen every ``max_every // 2`` steps, and that is
+    also the least gap (``min_every``'s default) when the uplink measures as fast as a host
+    link (with ``spread``, a slice
+    of the model crosses at every step): an uplink is shared with whatever else crosses the racks
+    and a probe sees only the present, so when the uplink slows a step pays for one slice, not
+    the whole model, while a fast uplink carries the slices behind the local pairs. (S4, the
+    uplink 10x slower for a third of the run: crossing the whole model at every step cost 3.1 s
+    to the target against 1.6 s for slices every 4th step; docs/time-to-train.md.) Pass
+    ``min_every=1`` for an uplink no other traffic shares. Each crossing
     round pairs racks along a hypercube (see :class:`TopologyAware`), ``cross_pairs`` pairs of
     ranks per pair of racks; the plan repeats every ``max_every * ceil(log2 racks)`` steps or so.
 
@@ -265,10 +274,17 @@ def plan_topology_aware(
         (4, 2, 8)
     """
     local = topology.local_mbit()
+    least = max(max_every // 2, 1) if min_every is None else min_every
+    if not isinstance(least, int) or not 1 <= least <= max_every:
+        raise UsageError(
+            f"min_every={min_every!r} must be an integer from 1 to max_every={max_every}; "
+            "e.g. 1 for an uplink no other traffic shares"
+        )
     if local and topology.uplink_mbit:
-        cross_every = every_for(local / (topology.uplink_mbit / max(cross_pairs, 1)), max_every)
+        ratio = local / (topology.uplink_mbit / max(cross_pairs, 1))
+        cross_every = max(every_for(ratio, max_every), least)
     else:
-        cross_every = max(max_every // 2, 1)
+        cross_every = max(max_every // 2, least, 1)
     slow = topology.slow_ranks
     slow_rates = [topology.host_mbit[h] for h in topology.slow_hosts if h in topology.host_mbit]
     slow_every = (
@@ -284,7 +300,7 @@ def plan_topology_aware(
         for d in domains
     ]
     asked = {"group_size": group_size, "seed": seed, "max_every": max_every}
-    asked |= {"cross_pairs": cross_pairs, "spread": spread}
+    asked |= {"cross_pairs": cross_pairs, "spread": spread, "min_every": min_every}
     spread = spread and min(left) >= group_size
     plan = TopologyAware(
         domains,

@@ -80,6 +80,7 @@ class Replanner:
         return (
             f"hosts={list(t.hosts)} racks={list(t.racks)} group_size={s['group_size']} "
             f"seed={s['seed']} max_every={s['max_every']} replan={self.period} spread={s['spread']}"
+            + (f" min_every={s['min_every']}" if s.get("min_every") is not None else "")
         )
 
     def plan(self, topology: Topology) -> Schedule:
