@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dssync.bench.bounds import lower_bound
 from dssync.cluster import load_cluster
-from dssync.experiments.cluster_bench import bound_bytes
-from dssync.methods import LABEL_SEP
+from dssync.experiments.cluster_bench import bound_bytes, compressed
+from dssync.methods import LABEL_SEP, get_method
 from dssync.report.summary import fmt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +37,21 @@ def fp32_twin(label: str, methods: dict) -> str | None:
 
 def bound(scenario: str, method: str, r: dict, settings: dict) -> float | None:
     """The method's link-rate bound as :mod:`dssync.bench.bounds` computes it now (a model, not
-    a measurement: a result file keeps the one its run computed, ``lower_bound_s``)."""
+    a measurement: a result file keeps the one its run computed, ``lower_bound_s``), for the
+    algorithm the run used: a run whose settings do not say ``"encoded": "two-stage"`` gathered
+    whole compressed messages in a global average, k/2 times the bytes of a ring."""
     spec = load_cluster(scenario)
-    nbytes = bound_bytes(method, r.get("options") or {}, settings["params"], spec.world_size)
-    return lower_bound(spec, method, nbytes, settings.get("repeat", 8))
+    options = r.get("options") or {}
+    nbytes = bound_bytes(options, settings["params"])
+    packed = compressed(options)
+    if packed and settings.get("encoded") != "two-stage" and _global(method):
+        nbytes *= spec.world_size / 2  # k compressed buffers gathered: k/2 of a ring's bytes
+        packed = False
+    return lower_bound(spec, method, nbytes, settings.get("repeat", 8), compressed=packed)
+
+
+def _global(method: str) -> bool:
+    return get_method(method).options.get("plan") == "global"
 
 
 def table(methods: dict[str, dict], bounds: dict[str, float | None] | None = None) -> list[str]:

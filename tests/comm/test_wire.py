@@ -14,6 +14,7 @@ from dssync.comm.wire import (
     codec_for,
     encode_with_feedback,
     mean_in_order,
+    shares,
 )
 from dssync.errors import UsageError
 from dssync.launch import spawn
@@ -144,14 +145,70 @@ def _reference(wire: str, world: int, steps: int, schedule) -> tuple[list, list]
     es = [torch.zeros_like(x) for x in xs]
     codec = codec_for(wire)
     for step in range(steps):
-        sent = [encode_with_feedback(codec, x, e)[1] for x, e in zip(xs, es, strict=True)]
-        partition = schedule.partition(step, world)
-        xs = [mean_in_order([sent[r] for r in group_of(partition, q)]) for q in range(world)]
+        new = [x.clone() for x in xs]
+        for group in schedule.partition(step, world):
+            if len(group) <= 2:
+                sent = {r: encode_with_feedback(codec, xs[r], es[r])[1] for r in group}
+                for q in group:
+                    new[q] = mean_in_order([sent[r] for r in group])
+            else:
+                two_stage(codec, xs, es, new, group)
+        xs = new
     return xs, es
 
 
+def two_stage(codec, xs, es, new, group):
+    """A group of three or more, as the module says: shares to owners, owners' means back."""
+    k = len(group)
+    cuts = shares(xs[group[0]].numel(), k)
+    sent = {
+        r: [encode_with_feedback(codec, xs[r][lo:hi], es[r][lo:hi])[1] for lo, hi in cuts]
+        for r in group
+    }
+    for j, (lo, hi) in enumerate(cuts):
+        mean = mean_in_order([sent[r][j] for r in group])
+        back = codec.decode(codec.encode(mean), hi - lo, mean.dtype)
+        es[group[j]][lo:hi].add_(mean - back, alpha=k)  # the owner keeps what all lost, k times
+        for r in group:
+            new[r][lo:hi] = back
+
+
+def test_shares_are_whole_chunks_that_cover_the_buffer():
+    for numel, k in ((3 * CHUNK + 5, 2), (10 * CHUNK, 3), (CHUNK + 1, 8), (7, 3)):
+        cuts = shares(numel, k)
+        assert len(cuts) == k and cuts[0][0] == 0 and cuts[-1][1] == numel
+        assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))  # no gap, no overlap
+        assert all(lo % CHUNK == 0 for lo, hi in cuts if hi > lo)  # int8's scales stay the whole buffer's
+        rows = [-(-(hi - lo) // CHUNK) for lo, hi in cuts]
+        assert max(rows) - min(rows) <= 1
+
+
+def test_two_stage_int8_on_8_ranks_keeps_the_sum_and_the_mean_within_two_steps():
+    torch.manual_seed(0)
+    codec = codec_for("int8")
+    xs = [torch.randn(10 * CHUNK) for _ in range(8)]
+    es = [torch.zeros_like(x) for x in xs]
+    start = torch.stack(xs).double()
+    for _ in range(6):  # DiLoCo's global average, six times over
+        new = [x.clone() for x in xs]
+        two_stage(codec, xs, es, new, list(range(8)))
+        xs = new
+    stack = torch.stack(xs).double()
+    assert all(torch.equal(xs[0], x) for x in xs)  # one global mean, the same bits everywhere
+    kept = stack.sum(0) + torch.stack(es).double().sum(0) - start.sum(0)
+    assert float(kept.abs().max()) < 1e-4  # sum(x) + sum(e): what every averaging keeps
+    half_step = float(stack.abs().max()) / 254
+    drift = float((stack.mean(0) - start.mean(0)).abs().max())
+    assert drift <= 2 * half_step * 1.01  # one encoding of the messages, one of the mean
+    single = [encode_with_feedback(codec, x.clone(), torch.zeros_like(x))[1] for x in start.float()]
+    once = float((mean_in_order(single).double() - start.mean(0)).abs().max())
+    assert once > 0  # the encodings do lose something: the bound is not met by doing nothing
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("wire,schedule_name", [("int8", "shuffle"), ("bf16", "global")])
+@pytest.mark.parametrize(
+    "wire,schedule_name", [("int8", "shuffle"), ("bf16", "global"), ("int8", "global")]
+)
 def test_distributed_path_gives_the_reference_bits(wire, schedule_name):
     got = spawn(_ranks_run, 4, args=(wire, 5, schedule_name), timeout_s=100)
     schedule = Shuffle(2, seed=0) if schedule_name == "shuffle" else Global()

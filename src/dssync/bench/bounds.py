@@ -28,6 +28,13 @@ def ring_allreduce(group: list[int], nbytes: float) -> list[Send]:
     return [(group[i], group[(i + 1) % g], 2 * (g - 1) / g * nbytes) for i in range(g)]
 
 
+def all_to_all(group: list[int], nbytes: float) -> list[Send]:
+    """A compressed average of a group of three or more (:mod:`dssync.comm.encoded`): each member
+    sends each other member a 1/g share of ``nbytes``, then that share's mean back (two stages)."""
+    g = len(group)
+    return [(a, b, 2 * nbytes / g) for a in group for b in group if a != b]
+
+
 def link_loads(spec: ClusterSpec, sends: Iterable[Send]) -> dict[tuple[str, str], float]:
     """Bytes on each (link, direction) for ``sends``."""
     load: dict[tuple[str, str], float] = defaultdict(float)
@@ -110,21 +117,23 @@ def lower_bound(
     repeat: int = 8,
     rates: dict[str, float | None] | None = None,
     per_step: bool = False,
+    compressed: bool = False,
 ) -> float | None:
     """Seconds per iteration that the link rates allow ``method`` at best (sync only).
 
     ``per_step``: a DS-Sync schedule's :func:`schedule_step_bound` instead of its bound over the
-    cycle (the same for BSP and hierarchical, one phase pattern every step). None for a method
-    with no model here (its bound is not worked out).
+    cycle (the same for BSP and hierarchical, one phase pattern every step). ``compressed``: the
+    method's wire is not fp32, so a global average goes :func:`all_to_all` (its groups of two
+    are the same either way). None for a method with no model here (its bound is not worked out).
     """
     bound = schedule_step_bound if per_step else schedule_bound
     rates = rates or spec.link_rates()
     m = get_method(method)
     plan = m.options.get("plan", "schedule")
     if m.name in ("bsp", "local-sgd") or plan == "global":  # one ring all-reduce of everything
-        return busiest_s(
-            link_loads(spec, ring_allreduce(list(range(spec.world_size)), nbytes)), rates
-        )
+        everyone = list(range(spec.world_size))
+        sends = all_to_all if compressed and plan == "global" else ring_allreduce
+        return busiest_s(link_loads(spec, sends(everyone, nbytes)), rates)
     if m.name == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if m.preset and plan == "schedule" and m.settings.get("schedule", "shuffle") == "shuffle":

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from dssync.bench.cluster_worker import Burn
+from dssync.comm.encoded import LARGE_GROUPS
 from dssync.cli.options import dssync_options
 from dssync.cli.output import console, provenance, write_json
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
@@ -162,7 +163,12 @@ def bench(
             json_path,
             {
                 "meta": provenance(),
-                "settings": {**vars(settings), "out_dir": str(out), "spread": SPREAD},
+                "settings": {
+                    **vars(settings),
+                    "out_dir": str(out),
+                    "spread": SPREAD,
+                    "encoded": LARGE_GROUPS,
+                },
                 "results": results,
                 "failed": failed,
             },

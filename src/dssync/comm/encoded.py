@@ -1,13 +1,31 @@
 """Group averages whose messages travel compressed (:mod:`dssync.comm.wire`).
 
-Every member encodes each buffer with error feedback, sends the message to every other member
-and decodes every message, its own included; all then take the mean in group order, so the
-members end with the same bits. A pair or a smaller group swaps messages point to point on the
-parent group (receives posted first, as :func:`~dssync.comm.exchange.swap_ops`), with the tags
-in the same batch; the whole parent group gathers them with ``all_gather``. Each message is
-``1/k`` of what a member receives, so a member receives ``k-1`` compressed buffers: int8 pairs
-move a quarter of the fp32 bytes; a large group gathering int8 moves ``(k-1)/4`` buffers where
-a ring all-reduce of fp32 moves about two.
+A pair swaps its messages point to point on the parent group (receives posted first, as
+:func:`~dssync.comm.exchange.swap_ops`): every member encodes each buffer with error feedback,
+decodes its partner's message and its own, and both take the mean in group order, so they end
+with the same bits. Each moves one compressed buffer each way: a quarter of the fp32 bytes for
+int8.
+
+A group of three or more (the whole parent group included: DiLoCo's global average) reduces in
+two stages, as a reduce-scatter then an all-gather would, so each member sends and receives
+``2(k-1)/k`` compressed buffers, the bytes of a ring all-reduce of them, where gathering every
+member's whole message would move ``k-1``:
+
+1. each buffer is cut into ``k`` shares at int8 chunk boundaries (:func:`~dssync.comm.wire.shares`);
+   member ``j`` owns share ``j``. Every member encodes every share with its residual (the same
+   bits as encoding the whole buffer) and sends share ``j`` to its owner;
+2. the owner decodes the ``k`` messages of its share (its own included), takes their mean in
+   group order in the buffer's dtype, encodes that mean once more and sends it to every member;
+   every member, the owner included, decodes it, so all end with the same bits.
+
+The second encoding loses ``d = mean - Q(mean)`` on every member alike; the owner adds ``k * d``
+to its residual for that share, so the sum of parameters and residuals over all ranks is still
+unchanged by the average and the next averaging sends what was lost (:mod:`dssync.comm.wire`).
+
+Shares go straight to their owners (all to all), not around a ring: an uplink between two
+racks of ``k/2`` carries ``k/4`` compressed buffers each way per stage, where a ring would carry
+one. On 8 ranks in two racks, int8 puts 0.57x the bytes of an fp32 ring all-reduce on the
+uplink (gathering whole int8 messages put 2.3x); :mod:`dssync.bench.bounds` routes it as such.
 
 Tags are checked exactly before any received byte is used; every wait is bounded by the
 deadline and a failed one raises :class:`~dssync.errors.PeerLost` (see
@@ -25,7 +43,10 @@ import torch.distributed as dist
 from dssync.comm.exchange import RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import Tag, check_peers
-from dssync.comm.wire import Codec, encode_with_feedback, mean_in_order
+from dssync.comm.wire import Codec, encode_with_feedback, mean_in_order, shares
+
+# How a compressed group of three or more averages; `dssync bench` records it with its results.
+LARGE_GROUPS = "two-stage"
 
 
 def encoded_average(
@@ -43,15 +64,14 @@ def encoded_average(
     (``time.perf_counter``), as :attr:`~dssync.comm.exchange.Exchange.arrived`."""
     deadline = time.monotonic() + timeout_s
     rank = dist.get_rank(process_group)
+    if len(group) > 2:
+        return _two_stage(buffers, residuals, codec, process_group, group, rank, tag, deadline, roll)
     sent, mine = [], []
     for b, e in zip(buffers, residuals, strict=True):
         msg, value = encode_with_feedback(codec, b, e)
         sent.append(msg)
         mine.append(value)
-    if len(group) == dist.get_world_size(process_group):
-        got, arrived = _gathered(sent, buffers, codec, process_group, group, tag, deadline, roll)
-    else:
-        got, arrived = _swapped(sent, buffers, codec, process_group, group, rank, tag, deadline)
+    got, arrived = _swapped(sent, buffers, codec, process_group, group, rank, tag, deadline)
     for i, b in enumerate(buffers):
         values = [
             mine[i] if r == rank else codec.decode(got[r][i], b.numel(), b.dtype) for r in group
@@ -64,6 +84,24 @@ def _global(pg: dist.ProcessGroup, r: int) -> int:
     return r if pg in (None, dist.group.WORLD) else dist.get_global_rank(pg, r)
 
 
+def _tag_ops(tag, peers, pg, device):
+    mine = tag.tensor(device)
+    tags = {p: torch.empty_like(mine) for p in peers}
+    ops = []
+    for p in peers:
+        ops += swap_ops(tags[p], mine, _global(pg, p), pg)
+    return tags, ops
+
+
+def _post(ops: list[dist.P2POp]) -> list:
+    """Post ``ops`` as one batch (empty tensors left out: both sides know the sizes alike)."""
+    ops = [op for op in ops if op.tensor.numel()]
+    if not ops:
+        return []
+    lend(op.tensor for op in ops)  # held by gloo's threads until they let go (see inflight)
+    return dist.batch_isend_irecv(ops)
+
+
 def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
     """Messages swapped point to point; returns them and when every peer's tag had come.
 
@@ -73,12 +111,8 @@ def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
     """
     peers = [r for r in group if r != rank]
     device = buffers[0].device if buffers else torch.device("cpu")
-    mine = tag.tensor(device)
-    tags = {p: torch.empty_like(mine) for p in peers}
+    tags, heads = _tag_ops(tag, peers, pg, device)
     got = {p: [codec.empty(b.numel(), b) for b in buffers] for p in peers}
-    heads = []
-    for p in peers:
-        heads += swap_ops(tags[p], mine, _global(pg, p), pg)
     ops = []
     for p in peers:
         for msg, into in zip(sent, got[p], strict=True):
@@ -86,10 +120,9 @@ def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
                 ops += swap_ops(theirs, out, _global(pg, p), pg)
     timeout_s = max(deadline - time.monotonic(), 0.001)
     known = peers if len(peers) == 1 else None
-    lend(op.tensor for op in heads + ops)  # held by gloo's threads until they let go (see inflight)
     # two batches, posted in the same order on every member: on a backend that coalesces a batch
     # into one work (nccl) the tags' work still completes before the data's
-    tag_works, data_works = dist.batch_isend_irecv(heads), dist.batch_isend_irecv(ops)
+    tag_works, data_works = _post(heads), _post(ops)
     for w in tag_works:
         wait(w, deadline, tag, group, timeout_s, known)
     check_peers(tag, tags, group)
@@ -99,29 +132,61 @@ def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
     return got, arrived
 
 
-def _gathered(sent, buffers, codec, pg, group, tag, deadline, roll):
+def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
+    """A group of three or more: shares to their owners, owners' means back (module docstring)."""
+    k, me = len(group), group.index(rank)
+    peers = [r for r in group if r != rank]
     device = buffers[0].device if buffers else torch.device("cpu")
-    mine = tag.tensor(device)
-    tags = [torch.empty_like(mine) for _ in group]
+    cuts = [shares(b.numel(), k) for b in buffers]
+    sent, mine = [], []  # sent[i][j]: buffer i's share j as it travels; mine[i]: my share decoded
+    for b, e, cut in zip(buffers, residuals, cuts, strict=True):
+        msgs = [encode_with_feedback(codec, b[lo:hi], e[lo:hi]) for lo, hi in cut]
+        sent.append([msg for msg, _ in msgs])
+        mine.append(msgs[me][1])
+    size = [[hi - lo for lo, hi in cut] for cut in cuts]  # size[i][j]: buffer i's share j
+    tags, heads = _tag_ops(tag, peers, pg, device)
+    got = {p: [codec.empty(size[i][me], b) for i, b in enumerate(buffers)] for p in peers}
+    ops = []
+    for p in peers:
+        j = group.index(p)
+        for i in range(len(buffers)):
+            for out, theirs in zip(sent[i][j], got[p][i], strict=True):
+                ops += swap_ops(theirs, out, _global(pg, p), pg)
     timeout_s = max(deadline - time.monotonic(), 0.001)
-    lists = []
-    for msg, b in zip(sent, buffers, strict=True):
-        for j in range(len(msg)):
-            lists.append([codec.empty(b.numel(), b)[j] for _ in group])
-    outs = [out for msg in sent for out in msg]
-    lend([mine, *tags, *outs, *(t for into in lists for t in into)])  # see inflight
-    works = [dist.all_gather(tags, mine, group=pg, async_op=True)]
-    for into, out in zip(lists, outs, strict=True):
-        works.append(dist.all_gather(into, out, group=pg, async_op=True))
-    wait(works[0], deadline, tag, group, timeout_s, roll=roll)
-    check_peers(tag, dict(enumerate(tags)), group)
+    known = peers if len(peers) == 1 else None
+    tag_works, share_works = _post(heads), _post(ops)
+    for w in tag_works:
+        wait(w, deadline, tag, group, timeout_s, known, roll)
+    check_peers(tag, tags, group)
     arrived = time.perf_counter()
-    for w in works[1:]:
-        wait(w, deadline, tag, group, timeout_s, roll=roll)
-    got: dict[int, list[list[torch.Tensor]]] = {r: [] for r in group}
-    k = 0
-    for msg in sent:
-        for r in group:
-            got[r].append([lists[k + j][r] for j in range(len(msg))])
-        k += len(msg)
-    return got, arrived
+    for w in share_works:
+        wait(w, deadline, tag, group, timeout_s, known, roll)
+    means = []  # my share's mean of each buffer, as it travels back
+    for i, (b, e) in enumerate(zip(buffers, residuals, strict=True)):
+        lo, hi = cuts[i][me]
+        own = b[lo:hi]
+        values = [
+            mine[i] if r == rank else codec.decode(got[r][i], hi - lo, b.dtype) for r in group
+        ]
+        mean_in_order(values, out=own)  # decoded copies only: the share is free to take it
+        msg = [m.clone() for m in codec.encode(own)]  # a cast of own may be own itself
+        back = codec.decode(msg, hi - lo, b.dtype)
+        e[lo:hi].add_(own - back, alpha=k)  # what every member loses now, sent again next time
+        own.copy_(back)
+        means.append(msg)
+    back_in = {
+        p: [codec.empty(size[i][group.index(p)], b) for i, b in enumerate(buffers)] for p in peers
+    }
+    ops = []
+    for p in peers:
+        for i in range(len(buffers)):
+            for out, theirs in zip(means[i], back_in[p][i], strict=True):
+                ops += swap_ops(theirs, out, _global(pg, p), pg)
+    for w in _post(ops):
+        wait(w, deadline, tag, group, timeout_s, known, roll)
+    for p in peers:
+        j = group.index(p)
+        for i, b in enumerate(buffers):
+            lo, hi = cuts[i][j]
+            b[lo:hi].copy_(codec.decode(back_in[p][i], hi - lo, b.dtype))
+    return arrived

@@ -21,6 +21,9 @@ What remains after an exchange, and why consensus still holds:
   the messages. So the global mean of the parameters drifts from what fp32 averaging would give
   by ``-mean(e)``, which never grows: each ``|e|`` is one encoding's error, at most half an int8
   step (``max|v| / 254`` of its chunk) or half a bf16/fp16 unit in the last place of ``v``.
+  A group of three or more encodes its mean once more (:mod:`dssync.comm.encoded`, two
+  stages) and the owner of each share keeps ``k`` times that second error in its residual for
+  it, so there the drift is at most one more encoding's error of the mean per coordinate.
   What one averaging loses is sent again at the next, so errors do not accumulate.
 * Disagreement between groups shrinks as with fp32 (the same doubly stochastic mixing of the
   messages); each averaging perturbs the messages by at most one encoding's error, so the
@@ -125,6 +128,24 @@ def _chunks(numel: int) -> int:
 def _rows(v: torch.Tensor) -> torch.Tensor:
     pad = _chunks(v.numel()) * CHUNK - v.numel()
     return F.pad(v, (0, pad)).view(-1, CHUNK) if pad else v.view(-1, CHUNK)  # read only
+
+
+def shares(numel: int, k: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``k`` members' shares of a buffer of ``numel`` elements: whole
+    chunks of :data:`CHUNK`, as even as they go (a share is empty when chunks are fewer than k).
+
+    Example::
+
+        >>> shares(3 * CHUNK + 5, 2)
+        [(0, 2048), (2048, 3077)]
+    """
+    per, extra = divmod(_chunks(numel), k)
+    cuts, row = [], 0
+    for j in range(k):
+        end = row + per + (1 if j < extra else 0)
+        cuts.append((min(row * CHUNK, numel), min(end * CHUNK, numel)))
+        row = end
+    return cuts
 
 
 def codec_for(wire: str) -> Codec:

@@ -188,9 +188,12 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["options"] = ranks[0].get("options", {})  # what the method ran with
     out["compute_s"] = sum(r["compute_s"] for r in ranks) / len(ranks)
     out["exposed_s"] = max(out["iter_time_s"] - out["compute_s"], 0.0)
-    nbytes = bound_bytes(method, out["options"], s.params, spec.world_size)
-    out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat)
-    out["step_bound_s"] = lower_bound(spec, method, nbytes, s.repeat, per_step=True)
+    nbytes = bound_bytes(out["options"], s.params)
+    packed = compressed(out["options"])
+    out["lower_bound_s"] = lower_bound(spec, method, nbytes, s.repeat, compressed=packed)
+    out["step_bound_s"] = lower_bound(
+        spec, method, nbytes, s.repeat, per_step=True, compressed=packed
+    )
     out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
     out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
     out["steps"] = steps
@@ -200,7 +203,9 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         contended = {**spec.link_rates()}
         for e in spec.events[:1]:
             contended.update({k: e.rate_mbit for k in spec.expand_link(e.link)})
-        out["lower_bound_contended_s"] = lower_bound(spec, method, nbytes, s.repeat, contended)
+        out["lower_bound_contended_s"] = lower_bound(
+            spec, method, nbytes, s.repeat, contended, compressed=packed
+        )
         out.update(recovery(out["timeline"], events.applied, s.warmup, s.repeat))
     return out
 
@@ -221,22 +226,23 @@ def wire_share(options: dict[str, Any]) -> float:
     return codec.nbytes(numel) / (4 * numel) / every / fragments
 
 
-def bound_bytes(method: str, options: dict[str, Any], params: int, world: int) -> float:
-    """The bytes of one iteration's average that :func:`dssync.bench.bounds.lower_bound` should
-    route by the method's plan: the fp32 model times :func:`wire_share`, and a compressed average
-    of every rank (diloco's) moves as an ``all_gather`` of k compressed buffers, k/2 times what a
-    ring all-reduce of them would (:mod:`dssync.comm.encoded`).
+def bound_bytes(options: dict[str, Any], params: int) -> float:
+    """The bytes of one iteration's average that :func:`dssync.bench.bounds.lower_bound` routes
+    by the method's plan (with ``compressed=`` :func:`compressed`): the fp32 model times
+    :func:`wire_share`.
 
     Example::
 
-        >>> bound_bytes("diloco:wire=int8", {"wire": "int8", "every": 1}, 1 << 20, 8) / 4 / (1 << 20)
-        1.00390625
+        >>> bound_bytes({"wire": "int8", "every": 1}, 1 << 20) / 4 / (1 << 20)
+        0.2509765625
     """
-    nbytes = wire_share(options) * 4 * params
-    compressed = (options.get("wire") or "fp32") != "fp32"
-    if compressed and get_method(method).options.get("plan") == "global":
-        nbytes *= world / 2
-    return nbytes
+    return wire_share(options) * 4 * params
+
+
+def compressed(options: dict[str, Any]) -> bool:
+    """Whether a run with ``options`` sends a compressed wire (its global averages then go all
+    to all in two stages, :mod:`dssync.comm.encoded`)."""
+    return (options.get("wire") or "fp32") != "fp32"
 
 
 class _EventsWhenWarm:
