@@ -11,6 +11,9 @@ can be checked here instead:
   int64 shape check and int64 buffers through the group; on nccl it places them on the
   parameters' device, so calls made from inside ``torch/nn/parallel/distributed.py`` pass.
   dssync's own step tags (int64, 3 or 6 elements, made on the data's device) pass too.
+* **wire formats.** dssync's compressed messages (``wire=``) are bfloat16, float16 or int8 (an
+  int8 message carries its scales in its own bytes), made by the codec from the parameters on
+  their device; dssync makes no metadata in those dtypes, so they pass as training data.
 * **operations.** ``monitored_barrier`` and ``recv_anysource`` (gloo only), sparse tensors, and the
   bitwise reductions are refused, as nccl refuses them.
 
@@ -40,6 +43,7 @@ from dssync.comm.side import forget_side_groups
 
 NAME = "strict"
 DATA_DTYPE = torch.float16
+WIRE_DTYPES = (torch.bfloat16, torch.int8)  # compressed messages of the parameters (wire=)
 TRUSTED_FILE = "torch/nn/parallel/distributed.py"  # DDP: device-correct on nccl by construction
 BITWISE = {dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR}
 
@@ -98,7 +102,8 @@ class StrictGroup(dist.ProcessGroup):
                 raise Refused(
                     f"strict group refused {op} of a sparse tensor (nccl has no sparse path)"
                 )
-            if t.dtype != DATA_DTYPE and not _is_tag(t) and not _from_ddp():
+            data = t.dtype == DATA_DTYPE or t.dtype in WIRE_DTYPES
+            if not data and not _is_tag(t) and not _from_ddp():
                 raise Refused(
                     f"strict group refused {op} of a {t.dtype} tensor of shape {tuple(t.shape)}: "
                     f"training data is {DATA_DTYPE}; metadata on nccl must go through side_group()"

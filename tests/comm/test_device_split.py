@@ -121,6 +121,32 @@ def case_dssync() -> float:
     return _checksum(model)
 
 
+def case_dssync_int8() -> float:
+    """A pair and a rank alone on the int8 wire: one int8 tensor per message, scales inside."""
+    from dssync import DSSync, Shuffle
+
+    model = _model()
+    _train(DSSync(model, schedule=Shuffle(2, seed=0, uneven=True), wire="int8"))
+    return _checksum(model)
+
+
+def case_global_int8() -> float:
+    """Three ranks at once on the int8 wire: the two-stage average (shares, then means)."""
+    from dssync import DSSync, Global
+
+    model = _model()
+    _train(DSSync(model, schedule=Global(), every=2, wire="int8"))
+    return _checksum(model)
+
+
+def case_global_bf16() -> float:
+    from dssync import DSSync, Global
+
+    model = _model()
+    _train(DSSync(model, schedule=Global(), wire="bf16"))
+    return _checksum(model)
+
+
 def case_dssync_in_a_subgroup() -> float | None:
     """DSSync on a strict group of ranks 0 and 1: its side group is made by those ranks alone."""
     from dssync import DSSync, Shuffle
@@ -194,6 +220,7 @@ def test_runs_on_a_strict_training_group(outcomes, case):
     results = [rank_out[case] for rank_out in outcomes]
     errors = [f"rank {r}: {v}" for r, (kind, v) in enumerate(results) if kind == "error"]
     assert not errors, "\n".join(errors)
-    if case in ("dssync", "dssync_in_a_subgroup", "adaptive", "local_sgd", "hierarchical", "bsp"):
+    agree = ("dssync", "dssync_int8", "global_int8", "global_bf16", "dssync_in_a_subgroup")
+    if case in (*agree, "adaptive", "local_sgd", "hierarchical", "bsp"):
         values = [v for _, v in results if v is not None]
         assert len(values) >= 2 and values == pytest.approx([values[0]] * len(values), abs=1e-3)

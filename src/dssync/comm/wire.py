@@ -94,31 +94,41 @@ class Cast(Codec):
 
 
 class Int8(Codec):
-    """Symmetric int8 with one float32 scale per :data:`CHUNK` elements (``max|v| / 127``)."""
+    """Symmetric int8 with one float32 scale per :data:`CHUNK` elements (``max|v| / 127``).
+
+    A message is one int8 tensor: the values, then the scales' bytes. One tensor, in int8 only,
+    made on the parameters' device: a backend that takes training data only (nccl) takes it,
+    and a pair's message is one send.
+    """
 
     name = "int8"
 
     def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
         rows = _rows(v.float())
-        scale = rows.abs().amax(dim=1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.div(rows, scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        return [q.reshape(-1), scale]
+        msg = torch.empty(rows.shape[0] * (CHUNK + 4), dtype=torch.int8, device=v.device)
+        q, scale = _unpacked(msg)
+        torch.amax(rows.abs(), dim=1, out=scale)
+        scale.div_(127.0)
+        scale.masked_fill_(scale == 0, 1.0)
+        q.view(-1, CHUNK).copy_(torch.div(rows, scale[:, None]).round_().clamp_(-127, 127))
+        return [msg]
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
-        q, scale = msg
+        q, scale = _unpacked(msg[0])
         rows = torch.mul(q.view(-1, CHUNK), scale[:, None])  # int8 * float32: one pass
         return rows.reshape(-1)[:numel].to(dtype)
 
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
-        n = _chunks(numel)
-        return [
-            torch.empty(n * CHUNK, dtype=torch.int8, device=like.device),
-            torch.empty(n, dtype=torch.float32, device=like.device),
-        ]
+        return [torch.empty(_chunks(numel) * (CHUNK + 4), dtype=torch.int8, device=like.device)]
 
     def nbytes(self, numel: int) -> int:
         return _chunks(numel) * (CHUNK + 4)
+
+
+def _unpacked(msg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An int8 message's values and its scales (a float32 view of its tail; no copy)."""
+    n = msg.numel() // (CHUNK + 4)
+    return msg[: n * CHUNK], msg[n * CHUNK :].view(torch.float32)
 
 
 def _chunks(numel: int) -> int:
