@@ -87,7 +87,7 @@ def section(name: str, run: dict) -> list[str]:
     for scenario, methods in run["results"].items():
         workers = max((len(r.get("rank_hosts") or []) for r in methods.values()), default=0)
         lines += [
-            f"## {meta.get('title') or scenario}",
+            f"## {(meta.get('title') if len(run['results']) == 1 else None) or scenario}",
             "",
             f"{s['params'] / 1e6:g}M parameters (fp32), {workers or '?'} workers; {s['steps']} "
             f"steps, the first {s['warmup']} not counted. Run {meta.get('date', '?')} at commit "

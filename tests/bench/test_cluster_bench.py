@@ -308,4 +308,3 @@ def test_the_bound_of_a_compressed_global_average_goes_all_to_all():
     assert packed == pytest.approx(ring * (4.0 / 1.75) * int8 / fp32)  # 0.57x fp32's ring
     pair = lower_bound(s2, "dssync-topo:wire=int8", int8, compressed=True)
     assert pair == pytest.approx(lower_bound(s2, "dssync-topo:wire=int8", int8))  # pairs: alike
-

@@ -26,10 +26,18 @@ def _model(seed: int | None = None) -> nn.Module:
     return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)).to(strict.DATA_DTYPE)
 
 
+def _wide() -> nn.Module:
+    """Over three int8 chunks (4226 parameters), so each of 3 ranks owns a share of its own in a
+    two-stage average (a smaller model leaves two of them empty shares)."""
+    torch.manual_seed(dist.get_rank())
+    return nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)).to(strict.DATA_DTYPE)
+
+
 def _train(strategy, steps: int = STEPS) -> None:
     opt = torch.optim.SGD(strategy.module.parameters(), lr=0.1)
+    width = next(strategy.module.parameters()).shape[1]
     for _ in range(steps):
-        x = torch.randn(5, 4, dtype=strict.DATA_DTYPE)
+        x = torch.randn(5, width, dtype=strict.DATA_DTYPE)
         strategy.model(x).float().pow(2).mean().backward()
         strategy.after_backward()
         opt.step()
@@ -125,7 +133,7 @@ def case_dssync_int8() -> float:
     """A pair and a rank alone on the int8 wire: one int8 tensor per message, scales inside."""
     from dssync import DSSync, Shuffle
 
-    model = _model()
+    model = _wide()
     _train(DSSync(model, schedule=Shuffle(2, seed=0, uneven=True), wire="int8"))
     return _checksum(model)
 
@@ -134,7 +142,7 @@ def case_global_int8() -> float:
     """Three ranks at once on the int8 wire: the two-stage average (shares, then means)."""
     from dssync import DSSync, Global
 
-    model = _model()
+    model = _wide()
     _train(DSSync(model, schedule=Global(), every=2, wire="int8"))
     return _checksum(model)
 
@@ -142,7 +150,7 @@ def case_global_int8() -> float:
 def case_global_bf16() -> float:
     from dssync import DSSync, Global
 
-    model = _model()
+    model = _wide()
     _train(DSSync(model, schedule=Global(), wire="bf16"))
     return _checksum(model)
 

@@ -114,6 +114,13 @@ def test_a_fast_uplink_still_carries_slices_not_the_whole_model():
     assert plan_topology_aware(S2).cross_every == 8  # a slow uplink: the rate decides, as before
     unknown = Topology(hosts=tuple(range(8)), racks=S2.racks)
     assert plan_topology_aware(unknown, min_every=1).cross_every == 4  # no rates: max_every // 2
+    pairs = Topology(  # racks of two cannot spread: a whole crossing as often as the rate allows
+        hosts=(0, 1, 2, 3),
+        racks=(0, 0, 1, 1),
+        host_mbit=dict.fromkeys(range(4), 1000.0),
+        uplink_mbit=1000.0,
+    )
+    assert not plan_topology_aware(pairs).spread and plan_topology_aware(pairs).cross_every == 1
     with pytest.raises(UsageError, match="min_every=16 must be an integer from 1 to max_every=8"):
         plan_topology_aware(s4, min_every=16)
 

@@ -57,26 +57,40 @@ def busiest_s(loads: dict[tuple[str, str], float], rates: dict[str, float | None
     return max(times, default=0.0)
 
 
-def _step_sends(schedule: Schedule, t: int, n: int, nbytes: float) -> list[Send]:
-    """What step ``t``'s groups send: a ring all-reduce of each group's slice of ``nbytes``."""
+def _step_sends(
+    schedule: Schedule, t: int, n: int, nbytes: float, compressed: bool = False
+) -> list[Send]:
+    """What step ``t``'s groups send: a ring all-reduce of each group's slice of ``nbytes``, or
+    with ``compressed`` the two stages of :func:`all_to_all` (the same for a pair)."""
+    sends = all_to_all if compressed else ring_allreduce
     return [
         s
         for g in schedule.partition(t, n)
-        for s in ring_allreduce(g, nbytes * part_fraction(schedule.part(g, t, n)))
+        for s in sends(g, nbytes * part_fraction(schedule.part(g, t, n)))
     ]
 
 
 def schedule_bound(
-    spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
+    spec: ClusterSpec,
+    schedule: Schedule,
+    nbytes: float,
+    steps: int,
+    rates: dict[str, float | None],
+    compressed: bool = False,
 ) -> float:
     """Per-step bound of a DS-Sync schedule: the busiest link's bytes over ``steps`` steps / rate / steps."""
     n = spec.world_size
-    sends = [s for t in range(steps) for s in _step_sends(schedule, t, n, nbytes)]
+    sends = [s for t in range(steps) for s in _step_sends(schedule, t, n, nbytes, compressed)]
     return busiest_s(link_loads(spec, sends), rates) / steps
 
 
 def schedule_step_bound(
-    spec: ClusterSpec, schedule: Schedule, nbytes: float, steps: int, rates: dict[str, float | None]
+    spec: ClusterSpec,
+    schedule: Schedule,
+    nbytes: float,
+    steps: int,
+    rates: dict[str, float | None],
+    compressed: bool = False,
 ) -> float:
     """Step bound of a DS-Sync schedule: each step's busiest link on its own, averaged.
 
@@ -88,7 +102,7 @@ def schedule_step_bound(
     """
     n = spec.world_size
     per_step = [
-        busiest_s(link_loads(spec, _step_sends(schedule, t, n, nbytes)), rates)
+        busiest_s(link_loads(spec, _step_sends(schedule, t, n, nbytes, compressed)), rates)
         for t in range(steps)
     ]
     return sum(per_step) / steps
@@ -123,8 +137,9 @@ def lower_bound(
 
     ``per_step``: a DS-Sync schedule's :func:`schedule_step_bound` instead of its bound over the
     cycle (the same for BSP and hierarchical, one phase pattern every step). ``compressed``: the
-    method's wire is not fp32, so a global average goes :func:`all_to_all` (its groups of two
-    are the same either way). None for a method with no model here (its bound is not worked out).
+    method's wire is not fp32, so a group of three or more, the global average included, goes
+    :func:`all_to_all` (a pair is the same either way). None for a method with no model here
+    (its bound is not worked out).
     """
     bound = schedule_step_bound if per_step else schedule_bound
     rates = rates or spec.link_rates()
@@ -137,12 +152,12 @@ def lower_bound(
     if m.name == "hierarchical":
         return hierarchical_bound(spec, nbytes, rates)
     if m.preset and plan == "schedule" and m.settings.get("schedule", "shuffle") == "shuffle":
-        return bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates)
+        return bound(spec, Shuffle(2, seed=0, repeat=repeat), nbytes, repeat, rates, compressed)
     if plan == "topology":
         topo = spec.topology()
         up = [v for k, v in rates.items() if k.startswith("rack_uplink")]
         topo = topo.with_rates(topo.host_mbit, up[0] if up else None)
         spread = m.options.get("spread", True)
         schedule = plan_topology_aware(topo, max_every=repeat, spread=spread)
-        return bound(spec, schedule, nbytes, schedule.repeat, rates)
+        return bound(spec, schedule, nbytes, schedule.repeat, rates, compressed)
     return None

@@ -65,7 +65,9 @@ def encoded_average(
     deadline = time.monotonic() + timeout_s
     rank = dist.get_rank(process_group)
     if len(group) > 2:
-        return _two_stage(buffers, residuals, codec, process_group, group, rank, tag, deadline, roll)
+        return _two_stage(
+            buffers, residuals, codec, process_group, group, rank, tag, deadline, roll
+        )
     sent, mine = [], []
     for b, e in zip(buffers, residuals, strict=True):
         msg, value = encode_with_feedback(codec, b, e)

@@ -253,14 +253,15 @@ def plan_topology_aware(
     With known rates, crossings happen every ``every_for(local / (uplink / cross_pairs))`` steps
     and slow hosts sync every ``every_for(local / slow host rate)`` steps (powers of two, at most
     ``max_every``, so an adjustment window of ``max_every`` steps sees a crossing and a slow
-    host's sync). Without rates, crossings happen every ``max_every // 2`` steps, and that is
-    also the least gap (``min_every``'s default) when the uplink measures as fast as a host
-    link (with ``spread``, a slice
+    host's sync). Without rates, crossings happen every ``max(max_every // 2, min_every)``
+    steps. Where the plan spreads its crossings, ``min_every`` (default ``max_every // 2``) is
+    also the least gap when the uplink measures as fast as a host link (a slice
     of the model crosses at every step): an uplink is shared with whatever else crosses the racks
     and a probe sees only the present, so when the uplink slows a step pays for one slice, not
     the whole model, while a fast uplink carries the slices behind the local pairs. (S4, the
-    uplink 10x slower for a third of the run: crossing the whole model at every step cost 3.1 s
-    to the target against 1.6 s for slices every 4th step; docs/time-to-train.md.) Pass
+    uplink 10x slower for a third of the run: ``--sync auto``, planned from a probe that saw the
+    uplink fast, took 3.1 s to the target when it crossed whole at every step, 1.8 s with the
+    least gap, as the preset; docs/reliability.md.) Pass
     ``min_every=1`` for an uplink no other traffic shares. Each crossing
     round pairs racks along a hypercube (see :class:`TopologyAware`), ``cross_pairs`` pairs of
     ranks per pair of racks; the plan repeats every ``max_every * ceil(log2 racks)`` steps or so.
@@ -280,18 +281,7 @@ def plan_topology_aware(
             f"min_every={min_every!r} must be an integer from 1 to max_every={max_every}; "
             "e.g. 1 for an uplink no other traffic shares"
         )
-    if local and topology.uplink_mbit:
-        ratio = local / (topology.uplink_mbit / max(cross_pairs, 1))
-        cross_every = max(every_for(ratio, max_every), least)
-    else:
-        cross_every = max(max_every // 2, least, 1)
     slow = topology.slow_ranks
-    slow_rates = [topology.host_mbit[h] for h in topology.slow_hosts if h in topology.host_mbit]
-    slow_every = (
-        every_for(local / min(slow_rates), max_every)
-        if slow and local and slow_rates
-        else max_every
-    )
     domains = topology.domains()
     # Spread only where each rack keeps a pair of its own beside its crossings and slow donors.
     crossing = cross_pairs if len(domains) > 1 else 0
@@ -302,6 +292,18 @@ def plan_topology_aware(
     asked = {"group_size": group_size, "seed": seed, "max_every": max_every}
     asked |= {"cross_pairs": cross_pairs, "spread": spread, "min_every": min_every}
     spread = spread and min(left) >= group_size
+    if local and topology.uplink_mbit:
+        ratio = local / (topology.uplink_mbit / max(cross_pairs, 1))
+        # the least gap guards slices only: a whole crossing is taken as often as the rate allows
+        cross_every = max(every_for(ratio, max_every), least if spread else 1)
+    else:
+        cross_every = max(max_every // 2, least, 1)
+    slow_rates = [topology.host_mbit[h] for h in topology.slow_hosts if h in topology.host_mbit]
+    slow_every = (
+        every_for(local / min(slow_rates), max_every)
+        if slow and local and slow_rates
+        else max_every
+    )
     plan = TopologyAware(
         domains,
         group_size=group_size,
