@@ -37,6 +37,22 @@ def test_one_encoding_loses_at_most_half_a_step(wire):
         assert bool((err <= (x.abs() + info.tiny) * info.eps / 2).all())
 
 
+@pytest.mark.parametrize("numel", [1, CHUNK - 1, CHUNK, 3 * CHUNK + 5, 40_000])
+def test_int8_is_the_plain_formula_bit_for_bit(numel):
+    """The encoder skips the padded copy, |v| and the clamp; the bits are the plain formula's."""
+    torch.manual_seed(numel)
+    v = torch.randn(numel) * torch.logspace(-4, 4, numel)
+    v[: numel // 3] = 0  # whole chunks of zeros: their scale is 1
+    pad = -numel % CHUNK
+    rows = torch.nn.functional.pad(v, (0, pad)).view(-1, CHUNK)
+    scale = rows.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.div(rows, scale[:, None]).round().clamp(-127, 127).to(torch.int8).reshape(-1)
+    (msg,) = codec_for("int8").encode(v)
+    assert torch.equal(msg[: q.numel()], q)
+    assert torch.equal(msg[q.numel() :].view(torch.float32), scale)
+
+
 def test_mean_into_a_buffer_gives_the_bits_of_the_mean_with_a_temporary():
     torch.manual_seed(1)
     values = [torch.randn(1000) * 10 ** torch.randn(1000) for _ in range(3)]

@@ -104,13 +104,19 @@ class Int8(Codec):
     name = "int8"
 
     def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
-        rows = _rows(v.float())
-        msg = torch.empty(rows.shape[0] * (CHUNK + 4), dtype=torch.int8, device=v.device)
+        v = v.float()
+        full, n = v.numel() // CHUNK, _chunks(v.numel())
+        msg = torch.empty(n * (CHUNK + 4), dtype=torch.int8, device=v.device)
         q, scale = _unpacked(msg)
-        torch.amax(rows.abs(), dim=1, out=scale)
-        scale.div_(127.0)
-        scale.masked_fill_(scale == 0, 1.0)
-        q.view(-1, CHUNK).copy_(torch.div(rows, scale[:, None]).round_().clamp_(-127, 127))
+        parts = [(v[: full * CHUNK].view(full, CHUNK), slice(0, full))] if full else []
+        if n > full:  # only the last chunk is padded (a copy of it, not of the buffer)
+            tail = v[full * CHUNK :]
+            parts.append((F.pad(tail, (0, CHUNK - tail.numel())).view(1, CHUNK), slice(full, n)))
+        for rows, at in parts:  # max |v| without a temporary |v|: max(amax, -amin)
+            torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_(), out=scale[at])
+        scale.div_(127.0).masked_fill_(scale == 0, 1.0)
+        for rows, at in parts:  # |v| / scale <= 127 by construction: no clamp needed
+            q.view(-1, CHUNK)[at].copy_(torch.div(rows, scale[at, None]).round_())
         return [msg]
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -133,11 +139,6 @@ def _unpacked(msg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _chunks(numel: int) -> int:
     return -(-numel // CHUNK)
-
-
-def _rows(v: torch.Tensor) -> torch.Tensor:
-    pad = _chunks(v.numel()) * CHUNK - v.numel()
-    return F.pad(v, (0, pad)).view(-1, CHUNK) if pad else v.view(-1, CHUNK)  # read only
 
 
 def shares(numel: int, k: int) -> list[tuple[int, int]]:
