@@ -1,4 +1,5 @@
-"""Write docs/bench.md from the ``dssync bench`` result files in docs/results/bench/.
+"""Write docs/bench.md from the ``dssync bench`` result files in docs/results/bench/ (and the
+``dssync bench-sync`` ones in docs/results/bench-sync/).
 
 Each file is the ``--json`` of one ``dssync bench`` run (one scenario, every method in the same
 run); it records its command, date and commit, so every figure on the page comes from a file.
@@ -24,6 +25,7 @@ from dssync.report.summary import fmt
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "bench"
 PAGE = ROOT / "docs" / "bench.md"
+SYNC = ROOT / "docs" / "results" / "bench-sync"  # `dssync bench-sync` runs (loopback)
 
 
 def fp32_twin(label: str, methods: dict) -> str | None:
@@ -107,7 +109,33 @@ def section(name: str, run: dict) -> list[str]:
     return lines
 
 
-def page(found: dict[str, dict]) -> str:
+def sync_cost(name: str, run: dict) -> list[str]:
+    """One ``dssync bench-sync`` run (its JSON under ``meta`` and ``results``): a DS-Sync step
+    against a raw exchange of the same buffer with the partner, per size and wire."""
+    meta = run.get("meta", {})
+    lines = [
+        f"## One averaging step on loopback ({name})",
+        "",
+        f"Run {meta.get('date', '?')} at commit {meta.get('commit') or '?'}"
+        + (f"; {meta['note']}" if meta.get("note") else "")
+        + ":",
+        "",
+        f"    {meta.get('command', '?')}",
+        "",
+        "| parameters | workers | wire | DS-Sync step, ms | raw exchange, ms | step / exchange "
+        "| encode, ms | step / fp32 exchange |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in run["results"]:
+        lines.append(
+            f"| {r['numel']:,} | {r['world_size']} | {r['wire']} | {r['dssync_s'] * 1000:.1f} "
+            f"| {r['raw_exchange_s'] * 1000:.1f} | {r['overhead_vs_raw_exchange']:.2f}x "
+            f"| {r['encode_s'] * 1000:.1f} | {r['overhead_vs_fp32_exchange']:.2f}x |"
+        )
+    return [*lines, ""]
+
+
+def page(found: dict[str, dict], costs: dict[str, dict] | None = None) -> str:
     lines = [
         "# Cost per iteration",
         "",
@@ -126,18 +154,20 @@ def page(found: dict[str, dict]) -> str:
     ]
     for name, run in found.items():
         lines += section(name, run)
+    for name, run in (costs or {}).items():
+        lines += sync_cost(name, run)
     return "\n".join(lines)
 
 
-def results() -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+def results(where: Path = RESULTS) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(where.glob("*.json"))}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if the page is stale")
     a = ap.parse_args(argv)
-    want = page(results())
+    want = page(results(), results(SYNC))
     if a.check:
         if not PAGE.is_file() or PAGE.read_text() != want:
             print("stale: docs/bench.md; run python tools/bench_page.py", file=sys.stderr)
