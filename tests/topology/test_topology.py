@@ -9,7 +9,12 @@ from dssync.cluster import load_cluster
 from dssync.errors import UsageError
 from dssync.launch import spawn
 from dssync.schedules import check_partition, spectral_gap
-from dssync.schedules.topology import TopologyAware, every_for, plan_topology_aware
+from dssync.schedules.topology import (
+    TopologyAware,
+    every_for,
+    oversubscribed,
+    plan_topology_aware,
+)
 from dssync.topology import Topology, detect, from_env, probe_pairs
 from dssync.topology.probe import infer_rates
 
@@ -121,6 +126,9 @@ def test_a_fast_uplink_still_carries_slices_not_the_whole_model():
         uplink_mbit=1000.0,
     )
     assert not plan_topology_aware(pairs).spread and plan_topology_aware(pairs).cross_every == 1
+    wide = s4.with_rates(s4.host_mbit, 4000.0)  # non-blocking: the rack's 4 hosts at once
+    assert not oversubscribed(wide) and oversubscribed(s4)
+    assert plan_topology_aware(wide).cross_every == 1  # nothing else shares it: no guard
     with pytest.raises(UsageError, match="min_every=16 must be an integer from 1 to max_every=8"):
         plan_topology_aware(s4, min_every=16)
 

@@ -239,6 +239,19 @@ def every_for(ratio: float, cap: int) -> int:
     return min(every, cap)
 
 
+def oversubscribed(topology) -> bool:
+    """Whether some rack's hosts together can send more than its uplink carries (its rate, as
+    given or probed: a probe that times one flow reads an uplink as about one host's link)."""
+    local = topology.local_mbit() or 0.0
+    racks: dict[int, set[int]] = {}
+    for h, k in zip(topology.hosts, topology.racks, strict=True):
+        racks.setdefault(k, set()).add(h)
+    return any(
+        sum(topology.host_mbit.get(h, local) for h in hosts) > topology.uplink_mbit
+        for hosts in racks.values()
+    )
+
+
 def plan_topology_aware(
     topology,
     group_size: int = 2,
@@ -254,15 +267,17 @@ def plan_topology_aware(
     and slow hosts sync every ``every_for(local / slow host rate)`` steps (powers of two, at most
     ``max_every``, so an adjustment window of ``max_every`` steps sees a crossing and a slow
     host's sync). Without rates, crossings happen every ``max(max_every // 2, min_every)``
-    steps. Where the plan spreads its crossings, ``min_every`` (default ``max_every // 2``) is
-    also the least gap when the uplink measures as fast as a host link (a slice
+    steps. Where the plan spreads its crossings over an :func:`oversubscribed` uplink,
+    ``min_every`` (default ``max_every // 2``) is also the least gap when the uplink measures
+    as fast as a host link (a slice
     of the model crosses at every step): an uplink is shared with whatever else crosses the racks
     and a probe sees only the present, so when the uplink slows a step pays for one slice, not
     the whole model, while a fast uplink carries the slices behind the local pairs. (S4, the
     uplink 10x slower for a third of the run: ``--sync auto``, planned from a probe that saw the
     uplink fast, took 3.1 s to the target when it crossed whole at every step, 1.8 s with the
-    least gap, as the preset; docs/reliability.md.) Pass
-    ``min_every=1`` for an uplink no other traffic shares. Each crossing
+    least gap, as the preset; docs/reliability.md.) It costs mixing: on S4's shape steps to
+    consensus grow about 3x (docs/planner.md). Pass ``min_every=1`` for an uplink no other
+    traffic shares; a non-blocking one (as fast as its rack's hosts together) needs no guard. Each crossing
     round pairs racks along a hypercube (see :class:`TopologyAware`), ``cross_pairs`` pairs of
     ranks per pair of racks; the plan repeats every ``max_every * ceil(log2 racks)`` steps or so.
 
@@ -294,8 +309,10 @@ def plan_topology_aware(
     spread = spread and min(left) >= group_size
     if local and topology.uplink_mbit:
         ratio = local / (topology.uplink_mbit / max(cross_pairs, 1))
-        # the least gap guards slices only: a whole crossing is taken as often as the rate allows
-        cross_every = max(every_for(ratio, max_every), least if spread else 1)
+        # the least gap guards slices over a shared uplink; a whole crossing, or one over an
+        # uplink that carries all its rack's hosts at once, is taken as often as the rate allows
+        guarded = spread and oversubscribed(topology)
+        cross_every = max(every_for(ratio, max_every), least if guarded else 1)
     else:
         cross_every = max(max_every // 2, least, 1)
     slow_rates = [topology.host_mbit[h] for h in topology.slow_hosts if h in topology.host_mbit]
