@@ -43,7 +43,7 @@ import torch.distributed as dist
 from dssync.comm.exchange import RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import Tag, check_peers
-from dssync.comm.wire import Codec, encode_with_feedback, mean_in_order, shares
+from dssync.comm.wire import Codec, detached, encode_with_feedback, mean_in_order, shares
 
 # How a compressed group of three or more averages; `dssync bench` records it with its results.
 LARGE_GROUPS = "two-stage"
@@ -171,7 +171,7 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
             mine[i] if r == rank else codec.decode(got[r][i], hi - lo, b.dtype) for r in group
         ]
         mean_in_order(values, out=own)  # decoded copies only: the share is free to take it
-        msg = [m.clone() for m in codec.encode(own)]  # a cast of own may be own itself
+        msg = detached(codec, own)  # own is overwritten below
         back = codec.decode(msg, hi - lo, b.dtype)
         e[lo:hi].add_(own - back, alpha=k)  # what every member loses now, sent again next time
         own.copy_(back)

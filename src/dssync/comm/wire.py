@@ -216,13 +216,19 @@ def encode_with_feedback(
     Returns the message and its decoded value (what every peer will decode from it).
     """
     v = residual.add_(buffer)  # buffer + residual, formed in the residual's own memory
-    msg = [  # a format that keeps the buffer's dtype may hand back v itself: v changes below
-        m.clone() if m.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() else m
-        for m in codec.encode(v)
-    ]
+    msg = detached(codec, v)  # v changes below
     mine = codec.decode(msg, v.numel(), v.dtype)
     residual.sub_(mine)
     return msg, mine
+
+
+def detached(codec: Codec, v: torch.Tensor) -> list[torch.Tensor]:
+    """``codec.encode(v)`` sharing no memory with ``v``: a format that keeps the buffer's dtype
+    may hand back ``v`` itself, which is copied; a fresh message is not."""
+    return [
+        m.clone() if m.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() else m
+        for m in codec.encode(v)
+    ]
 
 
 def mean_in_order(values: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
