@@ -43,6 +43,7 @@ from dssync.strategies import (
     Hierarchical,
     LocalSGD,
     PowerSGD,
+    Solo,
     Strategy,
 )
 from dssync.strategies.outer import OuterFactory, nesterov
@@ -171,6 +172,12 @@ def _local_sgd(
     cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
 ) -> Strategy:
     return LocalSGD(module, every=cfg.every or 1, bucket_bytes=_bucket_bytes(cfg))
+
+
+def _solo(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    return Solo(module, bucket_bytes=_bucket_bytes(cfg))
 
 
 def _hierarchical(
@@ -350,6 +357,11 @@ _TABLE = [
         _auto,
         needs=_TOPO_RATES,
         takes=frozenset(OPTIONS),  # passed on to the chosen method where it takes them
+    ),
+    Method(
+        "solo",
+        "no averaging while training, one at the end: the control a time-to-train target must fail",
+        _solo,
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),

@@ -182,3 +182,13 @@ def test_compare_records_a_failed_run_and_goes_on():
 
     with pytest.raises(ValueError):  # anything but a failed run still ends the comparison
         compare(TrainConfig(workload="digits"), ["bsp"], [0], Broken())
+
+
+def test_a_target_the_solo_control_reaches_is_called_out_first():
+    s = summarize({"bsp": _method(1.0), "solo": _method(0.3, reached=1)}, 0.9)
+    first = s["verdicts"][0]
+    assert first.startswith("the target does not need synchronization: solo")
+    assert "on 1 of 3 seeds" in first and "--target" in first
+    quiet = summarize({"bsp": _method(1.0), "solo": _method(0.3, reached=0)}, 0.9)["verdicts"]
+    assert not any("does not need" in line for line in quiet)
+    assert "solo: no seed reached the target" in quiet

@@ -59,3 +59,15 @@ def _ddp_steps() -> bool:
 def test_ddp_wraps_each_model():
     # In worker processes: a gloo group torn down inside the test process can hang in its destructor.
     assert spawn(_ddp_steps, 2, timeout_s=240) == [True, True]
+
+
+def test_mnist_declares_a_target_and_a_run_long_enough_for_it_per_width():
+    from dssync.cli.options import config
+
+    assert (get("mnist").quality_target(), get("mnist").default_epochs()) == (0.85, 4)
+    wide = get("mnist", hidden=2048)
+    assert (wide.quality_target(), wide.default_epochs()) == (0.91, 12)
+    assert get("mnist", hidden=512).quality_target() is None
+    assert config({"workload": "mnist", "workload_options": {"hidden": 2048}}).epochs == 12
+    assert config({"workload": "mnist", "epochs": 3}).epochs == 3  # --epochs wins
+    assert config({"workload": "wrn"}).epochs == get("wrn").epochs

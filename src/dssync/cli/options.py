@@ -152,7 +152,8 @@ OPTIONS = [
         "--epochs",
         type=click.IntRange(1),
         default=None,
-        help=f"Passes over the data (workload default: {_by_workload('epochs')}).",
+        help=f"Passes over the data (workload default: {_by_workload('epochs')}; "
+        "mnist 12 at hidden=2048).",
     ),
     click.option(
         "--batch-size",
@@ -250,7 +251,8 @@ def config(options: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from option values named like its fields (None keeps the default)."""
     settings = {k: v for k, v in options.items() if v is not None}
     if "epochs" not in settings:
-        settings["epochs"] = WORKLOADS[settings.get("workload", TrainConfig.workload)].epochs
+        wl = WORKLOADS[settings.get("workload", TrainConfig.workload)]
+        settings["epochs"] = wl(**settings.get("workload_options", {})).default_epochs()
     return TrainConfig(**settings)
 
 

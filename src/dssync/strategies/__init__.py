@@ -6,7 +6,7 @@ from dssync.strategies.compressed import FP16, PowerSGD
 from dssync.strategies.dssync import DSSync
 from dssync.strategies.gossip import DPSGD
 from dssync.strategies.hierarchical import Hierarchical
-from dssync.strategies.local_sgd import LocalSGD
+from dssync.strategies.local_sgd import LocalSGD, Solo
 from dssync.strategies.outer import nesterov
 from dssync.strategies.waitless import AsyncDSSync
 
@@ -19,6 +19,7 @@ __all__ = [
     "Hierarchical",
     "LocalSGD",
     "PowerSGD",
+    "Solo",
     "Strategy",
     "nesterov",
 ]

@@ -77,3 +77,27 @@ class LocalSGD(Strategy):
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = int(state["steps"])
+
+
+class Solo(LocalSGD):
+    """No averaging while training: each rank trains on its own shard from the same start, and
+    :meth:`average_all` makes one global average at the end (one-shot averaging).
+
+    The control of a time-to-train table: a target this reaches does not need synchronization,
+    so the table measures iteration speed, not how well a method synchronizes.
+    """
+
+    name = "solo"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(module, 1, process_group, bucket_bytes, timeout_s)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.steps += 1

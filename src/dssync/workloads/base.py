@@ -70,6 +70,10 @@ class Workload(ABC):
         """The target for these options (a workload whose options change the model may vary it)."""
         return self.target
 
+    def default_epochs(self) -> int:
+        """The run's length for these options: long enough for BSP to reach the target."""
+        return self.epochs
+
     def optimizer(self, params) -> torch.optim.Optimizer:
         """The optimizer this workload trains with (SGD with momentum unless overridden)."""
         return torch.optim.SGD(params, lr=self.lr, momentum=0.9, weight_decay=1e-4)
