@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dssync.cluster import load_cluster
-from dssync.plan.auto import CANDIDATES, canonical, choose
+from dssync.plan.auto import CANDIDATES, SYNC_SHARE, canonical, choose, local_every
 from dssync.topology import Topology
 
 MNIST_2048 = 1_628_170  # parameters of `--workload mnist --workload-option hidden=2048`
@@ -34,7 +34,9 @@ def test_local_steps_thin_the_averaging_and_every_1_leaves_them_out():
     by = {p.method: p for p in c.predictions}
     assert by["local-sgd"].sync_s == pytest.approx(by["ddp"].sync_s / 4)
     assert by["dssync-topo local"].sync_s == pytest.approx(by["dssync-topo"].sync_s / 4)
-    assert c.method == "dssync-topo-local" and "one average every 4 steps" in c.reason
+    assert c.method == "dssync-topo-local"
+    assert c.every == local_every(by["dssync-topo"].sync_s, 0.017)
+    assert f"one average every {c.every} steps" in c.reason
     every_step = choose(topo, MNIST_2048, compute_s=0.017, local=False)
     assert "local-sgd" not in {p.method for p in every_step.predictions}
     assert every_step.method in {"dssync-topo", "dssync-topo-overlap", "dssync"}
@@ -82,3 +84,16 @@ def test_the_local_candidates_average_as_often_as_their_presets():
 
     for _, _, method, every in LOCAL:
         assert get_method(method).options["every"] == every
+
+
+def test_a_local_step_pick_averages_as_rarely_as_keeps_averaging_under_a_share_of_compute():
+    assert local_every(0.010, 0.018) == 4  # 2.5 ms a step against 4.5 ms allowed
+    assert local_every(0.030, 0.018) == 8  # 7.5 ms at 4 is too much, 3.75 ms at 8 is not
+    assert local_every(0.056, 0.018) == 16
+    assert local_every(5.0, 0.018) == 16  # never within the share: the most the tables measure
+    assert local_every(0.056, 0.0) is None  # compute unknown: the preset's own
+    c = choose(load_cluster("s2-inter-rack").topology(), MNIST_2048, compute_s=0.018)
+    assert (c.method, c.every) == ("dssync-topo-local", 16)
+    assert "one average every 16 steps" in c.reason and "of the compute" in c.reason
+    every_step = {p.method: p for p in c.predictions}["dssync-topo"]
+    assert every_step.sync_s / 16 <= SYNC_SHARE * 0.018 < every_step.sync_s / 8

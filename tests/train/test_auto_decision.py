@@ -16,3 +16,5 @@ def test_auto_runs_the_method_it_chose_and_says_why():
     assert get_method(chosen).name == chosen and chosen != "auto"
     assert s["auto"]["reason"].startswith(f"{chosen}: predicted")
     assert s["auto"]["compute_s"] > 0 and s["steps"] == 6
+    every = s["auto"]["every"]  # a local-step pick says how often it averaged
+    assert every is None or (every in (4, 8, 16) and f"every {every} steps" in s["auto"]["reason"])

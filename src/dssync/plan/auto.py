@@ -4,7 +4,10 @@ From the detected topology with a short link probe's rates, the model's size and
 time measured over the first steps, :func:`choose` runs the planner's cost model
 (:func:`dssync.plan.cost.predict`) for each method it models and picks the fastest iteration.
 The local-step presets (``local-sgd``, ``dssync-topo-local``: an average every 4th step) are
-predicted as compute plus a quarter of their every-step averaging.
+predicted as compute plus a quarter of their every-step averaging. When one of them is picked,
+it averages every :func:`local_every` steps: the fewest of 4, 8 and 16 that keep its averaging
+per step within :data:`SYNC_SHARE` of the compute (16 when none does; the time-to-train tables
+measure up to 16). Past that share, averaging less often saves little time and risks quality.
 
 The rule assumes the candidates need about as many steps to the target as BSP does; the
 time-to-train tables (docs/time-to-train.md) check it on each shipped scenario, local steps
@@ -48,15 +51,37 @@ LOCAL = (
 )
 OVERLAP_GAIN = 0.8
 PROBE_NOISE = 0.4
+# A local-step pick averages every EVERY_CHOICES[i] steps: the first whose averaging per step is
+# at most SYNC_SHARE of the compute, else the last.
+EVERY_CHOICES = (4, 8, 16)
+SYNC_SHARE = 0.25
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The method picked, the one line that says why, and every prediction it compared."""
+    """The method picked, the one line that says why, and every prediction it compared;
+    ``every``: how often a local-step pick averages (None: the method's own)."""
 
     method: str
     reason: str
     predictions: tuple[Prediction, ...]
+    every: int | None = None
+
+
+def local_every(averaging_s: float, compute_s: float) -> int | None:
+    """Steps between averagings for a local-step method whose one averaging takes
+    ``averaging_s``: the fewest of :data:`EVERY_CHOICES` keeping it within :data:`SYNC_SHARE` of
+    ``compute_s`` per step, else the most; None when the compute is unknown (0).
+
+    Example::
+
+        >>> local_every(0.056, 0.018)  # S2's topology-aware averaging against mnist's step
+        16
+    """
+    if compute_s <= 0:
+        return None
+    fits = [e for e in EVERY_CHOICES if averaging_s / e <= SYNC_SHARE * compute_s]
+    return fits[0] if fits else EVERY_CHOICES[-1]
 
 
 def canonical(topology: Topology) -> tuple[ClusterSpec, Topology] | None:
@@ -116,16 +141,27 @@ def choose(
     ddp = by["ddp"]
     method = CANDIDATES[best.method]
     how = " behind the compute" if best is over else ""
-    local_every = {name: every for name, _, _, every in LOCAL}
-    if best.method in local_every:
-        how = f" per iteration, one average every {local_every[best.method]} steps"
+    thinned = {name: (plan, every) for name, plan, _, every in LOCAL}
+    chosen = None
+    if best.method in thinned:
+        plan, every = thinned[best.method]
+        chosen = local_every(by[plan].sync_s, compute_s)
+        if chosen is not None and chosen != every:
+            sync = by[plan].sync_s / chosen
+            best = Prediction(best.method, sync, compute_s + sync)
+            how = (
+                f" per iteration, one average every {chosen} steps: the fewest of "
+                f"{'/'.join(map(str, EVERY_CHOICES))} within {SYNC_SHARE:.0%} of the compute"
+            )
+        else:
+            how = f" per iteration, one average every {every} steps"
     reason = (
         f"{method}: predicted {_ms(best.iter_s)} per iteration "
         f"({_ms(best.sync_s)} of averaging{how}) "
         f"against BSP's {_ms(ddp.iter_s)}, for {_count(params)} parameters, "
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
-    return Choice(method, reason, preds)
+    return Choice(method, reason, preds, chosen)
 
 
 def _ms(seconds: float) -> str:

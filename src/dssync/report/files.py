@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from dssync.report.summary import fmt
+from dssync.report.summary import fmt, picked
 
 
 def write_csv(path: Path, runs: dict[str, list[dict[str, Any]]]) -> None:
@@ -92,7 +92,7 @@ def plot_metric(
         for i, (method, rs) in enumerate(runs.items()):
             xs, med, lo, hi = band(rs, metric, xkey)
             n = len(rs)
-            chosen = sorted({r["auto"]["method"] for r in rs if "auto" in r})
+            chosen = sorted({picked(r["auto"]) for r in rs if "auto" in r})
             name = f"{method}: {', '.join(chosen)}" if chosen else method
             label = f"{name} (median of {n} seeds)" if n > 1 else name
             color = colors[i % len(colors)]
@@ -135,7 +135,13 @@ def write_markdown(path: Path, summary: dict[str, Any], meta: dict[str, Any]) ->
         f"Target: {_fmt(summary['target'])} ({summary['target_source']}).",
         "",
         "Median (min-max) over the seeds that reached the target. Time is training time of the "
-        "slowest rank, evaluations excluded.",
+        "slowest rank, evaluations excluded."
+        + (
+            " Each run stopped at the target (--stop-at-target): its final metric is where it "
+            "stopped, and a run that never reached it trained to the end."
+            if meta.get("stop_at_target")
+            else ""
+        ),
         "",
         f"| method | seeds reaching | time to target (s) | steps to target | x {ref} "
         f"| final {metric} | compute / iteration (ms) |",

@@ -125,8 +125,14 @@ def method_summary(
         "train_time_s": _mean([r["train_time_s"] for r in runs]),
         "threads": sorted({t for r in runs for t in r.get("rank_threads") or []}),
         # What --sync auto chose on each seed (empty for other methods).
-        "auto": [r["auto"]["method"] for r in runs if "auto" in r],
+        "auto": [picked(r["auto"]) for r in runs if "auto" in r],
     }
+
+
+def picked(auto: dict[str, Any]) -> str:
+    """What ``--sync auto`` ran, as a label: ``dssync-topo-local:every=16``."""
+    every = auto.get("every")
+    return auto["method"] + (f":every={every}" if every else "")
 
 
 def _all_failed(failed: list[dict[str, Any]], target: float | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -37,9 +37,15 @@ class Decision:
     reason: str
     compute_s: float
     topology: Topology
+    every: int | None = None
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "reason": self.reason, "compute_s": self.compute_s}
+        return {
+            "method": self.method,
+            "reason": self.reason,
+            "compute_s": self.compute_s,
+            "every": self.every,
+        }
 
 
 def compute_time(data: RankData, module: nn.Module, device: torch.device) -> float:
@@ -67,15 +73,19 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
     choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW, local=local)
-    return Decision(choice.method, choice.reason, compute_s, topo)
+    return Decision(choice.method, choice.reason, compute_s, topo, choice.every)
 
 
 def resolve(
     cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
-    options given (``--every`` etc.) reach the chosen method if it takes them."""
+    options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
+    pick's ``every`` fills ``--every`` when it was not given."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
-    return for_method(cfg, decision.method), decision
+    chosen = for_method(cfg, decision.method)
+    if cfg.every is None and decision.every is not None:
+        chosen = replace(chosen, every=decision.every)
+    return chosen, decision
