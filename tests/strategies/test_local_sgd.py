@@ -7,8 +7,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import LocalSGD
-from dssync.strategies import Solo
 from dssync.launch import spawn
+from dssync.strategies import Solo
 
 
 def _local_sgd():

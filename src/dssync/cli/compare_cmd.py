@@ -52,6 +52,12 @@ EVAL_POINTS = 20
     "declared target).",
 )
 @click.option(
+    "--stop-at-target",
+    is_flag=True,
+    help="End each run at its first evaluation at the target, as MLPerf Training does (shorter "
+    "races; the final metric is then where each run stopped).",
+)
+@click.option(
     "--cluster",
     "cluster",
     default=None,
@@ -78,6 +84,7 @@ def compare_cmd(
     methods: list[str],
     seeds: int,
     target: float | None,
+    stop_at_target: bool,
     cluster: str | None,
     out_dir: str,
     json_path: str | None,
@@ -95,7 +102,14 @@ def compare_cmd(
         target = workload(cfg).quality_target()
         source = f"{cfg.workload}'s declared target"
     if target is None:
+        if stop_at_target:
+            raise click.UsageError(
+                f"--stop-at-target needs a target and {cfg.workload} declares none "
+                "with these options: pass --target"
+            )
         console.print(f"{cfg.workload} declares no target: no time to target (pass --target)")
+    elif stop_at_target:
+        base = replace(base, stop_at=target)
     if cfg.swa_start is None:
         console.print(
             f"SWA on by default: weights averaged over each run's last {1 - SWA_START:.0%} "
@@ -134,6 +148,7 @@ def compare_cmd(
         "epochs": cfg.epochs,
         "where": runner.where,
         "eval_every": base.eval_every,
+        "stop_at_target": stop_at_target,
         **provenance(),
     }
     write_csv(out / "steps.csv", runs)

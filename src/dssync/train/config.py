@@ -16,6 +16,8 @@ class TrainConfig:
     ``every``, ``replan``, ``overlap`` and ``outer`` are DS-Sync's options (``every`` is also
     local SGD's period); None takes the method's preset (:func:`dssync.methods.configure`).
     ``outer_lr`` is the rate of ``outer="nesterov"`` (DiLoCo's 0.7).
+    ``stop_at`` ends the run at the first evaluation whose metric reaches it (MLPerf Training's
+    stop at the target; the workload says whether higher is better).
     Fault injection (a crashing or slow rank) is not a setting: tests and benchmarks pass a
     :class:`dssync.train.hooks.StepHook` to :func:`dssync.train.run_training` instead.
 
@@ -48,6 +50,7 @@ class TrainConfig:
     timeout_s: float = 120.0
     max_steps: int | None = None
     eval_every: int = 0
+    stop_at: float | None = None
     swa_start: float | None = None
     swa_lr: float | None = None
     progress: bool = True

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.meta import bounded
+from dssync.comm.side import side_group
 from dssync.errors import PeerLost, SyncError
 from dssync.strategies import Strategy
 from dssync.train.auto import Decision, resolve
@@ -29,6 +31,7 @@ from dssync.train.resume import run_header
 from dssync.train.state import Checkpointer, RunState
 from dssync.train.summary import eval_record, summarize
 from dssync.train.swa import WeightAverage
+from dssync.workloads import Workload
 
 # torch.distributed's own types for a collective that failed because a peer died or never came.
 LOST_PEER_ERRORS = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
@@ -79,11 +82,15 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
                     epoch,
                     run.train_s,
                     equal=strategy.replicas_equal,
+                    timeout_s=cfg.timeout_s,
                 )
             )
         if saver is not None and checkpoint_due(cfg, run.step, data.steps_per_epoch, total):
             saver.save(run, phase.average)
         hook.after_step(rank, run.step)
+        if cfg.stop_at is not None and run.evals and run.evals[-1]["step"] == run.step:
+            if reached(data.wl, run.evals[-1], cfg.stop_at, cfg.timeout_s):
+                break
     progress.close()
     run.loop_s += clock.now() - loop_start
     summary = summarize(cfg, data, strategy, run, phase.average, device)
@@ -222,6 +229,17 @@ def lost_peer(e: Exception, strategy: Strategy, rank: int, step: int) -> SyncErr
         group=group,
         ranks=peers,
     )
+
+
+def reached(wl: Workload, record: dict[str, Any], target: float, timeout_s: float) -> bool:
+    """Whether an evaluation's metric is at or past ``target``. Every rank evaluated the same
+    averaged model, but the decision is rank 0's, broadcast, so no rank stops alone."""
+    value = record.get(wl.metric_name)
+    mine = value is not None and (value >= target if wl.higher_is_better else value <= target)
+    flag = torch.tensor([float(mine)])
+    what = "the stop at the target (rank 0's evaluation)"
+    bounded(dist.broadcast, flag, src=0, group=side_group(), timeout_s=timeout_s, what=what)
+    return bool(flag.item())
 
 
 def evaluation_due(cfg: TrainConfig, step: int, steps_per_epoch: int, total: int) -> bool:

@@ -22,6 +22,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm import average_tensors, consensus_distance
+from dssync.comm.averager import DEFAULT_TIMEOUT_S
+from dssync.comm.meta import bounded, gather_objects
 from dssync.comm.side import side_group
 from dssync.methods import configure
 from dssync.strategies import Strategy
@@ -32,12 +34,15 @@ from dssync.train.swa import WeightAverage, recompute_batch_norm
 from dssync.workloads import Workload
 
 
-def averaged_copy(module: nn.Module, parameters: bool = True) -> nn.Module:
+def averaged_copy(
+    module: nn.Module, parameters: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> nn.Module:
     """A copy of ``module`` holding the mean of every rank's parameters and floating buffers.
 
     All ranks call this; their own modules are left untouched. ``parameters=False`` averages the
     floating buffers alone, for a strategy whose ranks hold equal parameters already
-    (:attr:`dssync.strategies.Strategy.replicas_equal`).
+    (:attr:`dssync.strategies.Strategy.replicas_equal`). A rank missing past ``timeout_s``
+    raises :class:`~dssync.errors.PeerLost`.
     """
     avg = copy.deepcopy(module)
     tensors = [p for p in avg.parameters()] if parameters else []
@@ -45,7 +50,7 @@ def averaged_copy(module: nn.Module, parameters: bool = True) -> nn.Module:
     if not tensors:
         return avg
     with torch.no_grad():
-        average_tensors(tensors, None, dist.get_world_size())
+        average_tensors(tensors, None, dist.get_world_size(), timeout_s=timeout_s)
     return avg
 
 
@@ -65,10 +70,13 @@ def evaluate(wl: Workload, module: nn.Module, data) -> dict[str, float]:
     return wl.evaluate(module, data)
 
 
-def slowest(seconds: float) -> float:
-    """The largest of every rank's ``seconds`` (collective; metadata through the side group)."""
+def slowest(seconds: float, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
+    """The largest of every rank's ``seconds`` (collective; metadata through the side group);
+    PeerLost, not the backend's error, when a rank is missing past ``timeout_s``."""
     t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=side_group())
+    what = "the evaluation's timing (slowest rank)"
+    max_ = dist.ReduceOp.MAX  # positional: bounded's own first parameter is named op
+    bounded(dist.all_reduce, t, max_, group=side_group(), timeout_s=timeout_s, what=what)
     return float(t.item())
 
 
@@ -80,6 +88,7 @@ def eval_record(
     epoch: int,
     t: float,
     equal: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Metrics of the globally averaged model at ``step`` (``equal``: the ranks' parameters are
     equal already, so only the buffers are averaged).
@@ -87,13 +96,14 @@ def eval_record(
     ``time_s`` is the training time (evaluations excluded) of the slowest rank so far, the time
     a job waits for; ``rank_time_s`` is this rank's own ``t``. Every rank evaluates the same
     average (rank 0 alone would leave the others waiting in a collective bounded by
-    ``timeout_s`` for as long as a large model's evaluation takes).
+    ``timeout_s`` for as long as a large model's evaluation takes). A rank missing past
+    ``timeout_s`` raises PeerLost.
     """
-    metrics = evaluate(wl, averaged_copy(module, parameters=not equal), test_set)
+    metrics = evaluate(wl, averaged_copy(module, not equal, timeout_s), test_set)
     return {
         "step": step,
         "epoch": epoch,
-        "time_s": slowest(t),
+        "time_s": slowest(t, timeout_s),
         "rank_time_s": t,
         **{
             k: float(v)
@@ -131,10 +141,8 @@ def summarize(
     final_digest = model_digest(strategy.module)  # equal on every rank, buffers and all
     final = evaluate(wl, strategy.module, data.test)
     swa_metric = None if swa is None else swa_ensemble(wl, swa, data, device)[wl.metric_name]
-    per_rank: list[Any] = [None] * world
     steps_done = max(run.step, 1)
-    dist.all_gather_object(  # metadata: through the gloo side group, never nccl
-        per_rank,
+    per_rank = gather_objects(  # metadata: through the gloo side group, never nccl
         {
             "metric": own[wl.metric_name],
             "compute_s": run.compute_s,
@@ -145,7 +153,9 @@ def summarize(
             "final_digest": final_digest,
             "threads": torch.get_num_threads(),
         },
-        group=side_group(),
+        side_group(),
+        cfg.timeout_s,
+        what="the run's summary",
     )
     iters = [(r["compute_s"] + r["sync_s"]) / steps_done for r in per_rank]
     return {
