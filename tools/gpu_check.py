@@ -103,23 +103,25 @@ def _digest(module) -> str:
     return h.hexdigest()
 
 
-def _two_ranks_on_one_gpu(wire: str = "fp32") -> dict:
+def _ranks_on_one_gpu(wire: str = "fp32", device_type: str = "cuda") -> dict:
+    """Every rank of the world on one device, in one DS-Sync group of them all when there are
+    more than two (a compressed group of three or more averages in two stages)."""
     import torch
     import torch.distributed as dist
 
     import dssync
 
-    rank = dist.get_rank()
-    device = torch.device("cuda", 0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(device_type, 0) if device_type == "cuda" else torch.device("cpu")
     torch.manual_seed(rank)
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4)
     ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    schedule = dssync.Shuffle(group_size=2, seed=0)
+    schedule = dssync.Shuffle(group_size=min(world, 4), seed=0)
     sync = dssync.DSSync(model, schedule=schedule, optimizer=opt, wire=wire)
     if any(p.device != device for p in model.parameters()):
-        raise RuntimeError("DSSync moved the parameters off the GPU")
+        raise RuntimeError(f"DSSync moved the parameters off {device}")
     mismatches = 0
     for _ in range(20):
         x, y = torch.randn(32, 16, device=device), torch.randint(0, 4, (32,), device=device)
@@ -127,11 +129,11 @@ def _two_ranks_on_one_gpu(wire: str = "fp32") -> dict:
         opt.step()
         opt.zero_grad()
         sync.step()
-        seen = [None, None]
+        seen = [None] * world
         dist.all_gather_object(seen, _digest(model))
-        mismatches += seen[0] != seen[1]
+        mismatches += len(set(seen)) != 1
     sync.average_all()
-    final = [None, None]
+    final = [None] * world
     dist.all_gather_object(final, _digest(model))
     return {
         "mismatches": mismatches,
@@ -145,9 +147,7 @@ def check_gloo_cuda() -> str:
 
     from dssync.launch import spawn
 
-    results = spawn(
-        _two_ranks_on_one_gpu, 2, timeout_s=150, collective_timeout_s=60, backend="gloo"
-    )
+    results = spawn(_ranks_on_one_gpu, 2, timeout_s=150, collective_timeout_s=60, backend="gloo")
     r = results[0]
     if r["device"] != "cuda:0":
         raise RuntimeError(f"the model ended on {r['device']}")
@@ -160,18 +160,24 @@ def check_gloo_cuda() -> str:
     return "20 pair averagings and average_all() bit-identical on cuda:0"
 
 
-def check_int8_cuda() -> str:
+def check_int8_cuda(ranks: int = 2, device_type: str = "cuda") -> str:
     from dssync.launch import spawn
 
     r = spawn(
-        _two_ranks_on_one_gpu, 2, args=("int8",), timeout_s=150, collective_timeout_s=60,
-        backend="gloo",
+        _ranks_on_one_gpu, ranks, args=("int8", device_type), timeout_s=150,
+        collective_timeout_s=60, backend="gloo",
     )[0]  # fmt: skip
-    if r["device"] != "cuda:0" or r["mismatches"] or r["final"][0] != r["final"][1]:
+    how = "pair" if ranks == 2 else f"group-of-{ranks} (two-stage)"
+    if not r["device"].startswith(device_type) or r["mismatches"] or len(set(r["final"])) != 1:
         raise RuntimeError(
-            f"int8 wire on {r['device']}: {r['mismatches']} of 20 averagings left the pair apart"
+            f"int8 wire on {r['device']}: {r['mismatches']} of 20 {how} averagings left the "
+            "ranks apart"
         )
-    return "int8 wire: 20 pair averagings and average_all() bit-identical on cuda:0"
+    return f"int8 wire: 20 {how} averagings and average_all() bit-identical on {r['device']}"
+
+
+def check_int8_groups_cuda() -> str:
+    return check_int8_cuda(ranks=4)
 
 
 def library_example(path: Path = QUICKSTART) -> str:
@@ -218,6 +224,7 @@ CHECKS = [
     ("two ranks on one GPU, gloo over CUDA tensors", check_gloo_cuda),
     ("library quickstart on CUDA", check_readme),
     ("DS-Sync int8 wire over gloo on CUDA tensors", check_int8_cuda),
+    ("DS-Sync int8 in groups of 4 (two stages) on CUDA tensors", check_int8_groups_cuda),
 ]
 
 

@@ -38,3 +38,9 @@ def test_gpu_check_without_cuda_says_so_in_one_line_and_passes():
     r = gpu_check.run([gpu_check.sys.executable, str(_TOOL)], timeout=100)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines() == [r.stdout.strip()] and "no CUDA device" in r.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_checks_int8_groups_run_on_the_cpu_here():
+    """`make gpu-check`'s two-stage int8 check, on CPU tensors: the same code a GPU runs."""
+    assert "two-stage" in gpu_check.check_int8_cuda(ranks=4, device_type="cpu")
