@@ -33,6 +33,7 @@ SLOW = (
     "tests/integrations/test_runnable_examples.py",  # 11-23 each
     "tests/train/test_stop_at_target.py",  # 27 (two runs, beside a race)
     "tests/train/test_eval_bounded.py",  # 9
+    "tests/train/test_auto_decision.py",  # spawns and trains
     "tests/e2e/test_quickstart.py::test_the_gpu_checks_int8_groups_run_on_the_cpu_here",
     # measured in the quick tier, over SLOW_S
     "tests/comm/test_wire.py::test_int8_composes_with_every_option_and_resumes_bit_exact",  # 11-12

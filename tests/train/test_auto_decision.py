@@ -18,3 +18,37 @@ def test_auto_runs_the_method_it_chose_and_says_why():
     assert s["auto"]["compute_s"] > 0 and s["steps"] == 6
     every = s["auto"]["every"]  # a local-step pick says how often it averaged
     assert every is None or (every in (4, 8, 16) and f"every {every} steps" in s["auto"]["reason"])
+
+
+def _timed_spans():
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from dssync.train.auto import compute_time
+    from dssync.train.data import RankData
+
+    os.environ["DSSYNC_CLUSTER"] = "test"  # as the emulator sets it for its workers
+    data = RankData.load(TrainConfig(workload="digits"), dist.get_rank(), dist.get_world_size())
+    spans, forward = [], data.wl.loss
+
+    def timed(model, batch):
+        t0 = time.monotonic()
+        out = forward(model, batch)
+        spans.append((t0, time.monotonic()))
+        return out
+
+    data.wl.loss = timed
+    seconds = compute_time(data, data.wl.model(), torch.device("cpu"), timeout_s=60)
+    return seconds, spans
+
+
+def test_on_the_emulated_cluster_ranks_time_their_compute_one_after_another():
+    from dssync.launch import spawn
+
+    (s0, spans0), (s1, spans1) = spawn(_timed_spans, 2, timeout_s=120)
+    assert s0 == s1 > 0  # the slowest rank's median, the same on both
+    assert len(spans0) == len(spans1) == 4
+    assert max(end for _, end in spans0) < min(start for start, _ in spans1)  # rank 0 first
