@@ -3,17 +3,15 @@ leaves both ranks with the same model. (`make gpu-check` runs the same example o
 
 from __future__ import annotations
 
-import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 _TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_check.py"
-_spec = importlib.util.spec_from_file_location("gpu_check", _TOOL)
-gpu_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_check)
-
+sys.path.insert(0, str(_TOOL.parent))  # importable by name: spawned ranks unpickle its functions
+import gpu_check  # noqa: E402
 
 DIGEST = r"rank (\d) model ([0-9a-f]{64}) device (cpu|cuda(?::\d+)?)"
 
