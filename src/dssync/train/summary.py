@@ -114,13 +114,17 @@ def eval_record(
 
 
 def swa_ensemble(
-    wl: Workload, swa: WeightAverage, data: RankData, device: torch.device
+    wl: Workload,
+    swa: WeightAverage,
+    data: RankData,
+    device: torch.device,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, float]:
     """Average every worker's running weight mean, re-estimate batch norm, evaluate."""
-    ensemble = averaged_copy(swa.module)
+    ensemble = averaged_copy(swa.module, timeout_s=timeout_s)
     loader = DataLoader(data.local, batch_size=data.batch_size, shuffle=False)
     recompute_batch_norm(ensemble, loader, device)
-    ensemble = averaged_copy(ensemble)  # every worker's batch-norm estimate, averaged
+    ensemble = averaged_copy(ensemble, timeout_s=timeout_s)  # every worker's batch-norm estimate
     return evaluate(wl, ensemble, data.test)
 
 
@@ -136,11 +140,13 @@ def summarize(
     wl, world = data.wl, dist.get_world_size()
     own = evaluate(wl, strategy.module, data.test)
     digest = model_digest(strategy.module)
-    distance = consensus_distance(strategy.module)
+    distance = consensus_distance(strategy.module, timeout_s=cfg.timeout_s)
     strategy.average_all()
     final_digest = model_digest(strategy.module)  # equal on every rank, buffers and all
     final = evaluate(wl, strategy.module, data.test)
-    swa_metric = None if swa is None else swa_ensemble(wl, swa, data, device)[wl.metric_name]
+    swa_metric = (
+        None if swa is None else swa_ensemble(wl, swa, data, device, cfg.timeout_s)[wl.metric_name]
+    )
     steps_done = max(run.step, 1)
     per_rank = gather_objects(  # metadata: through the gloo side group, never nccl
         {
