@@ -161,6 +161,13 @@ CASES = {
         ["rack_uplink:7"],
     ),
     "topology: file missing": (lambda t: ["cluster", "up", str(t / "none.toml")], ["none.toml"]),
+    "stop at a target nobody declared": (
+        lambda t: (
+            ["compare", "--workload", "mnist", "--workload-option", "hidden=64"]
+            + ["--stop-at-target", "--out", str(t / "r")]
+        ),
+        ["--stop-at-target", "declares none", "--target"],
+    ),
 }
 
 
