@@ -134,8 +134,8 @@ def page(found: dict[str, dict], earlier: dict[str, dict] | None = None) -> str:
             "## Earlier races, to a target that did not need synchronization",
             "",
             "These raced mnist at hidden=2048 to 0.88 in 4 epochs. That target proved too easy: "
-            f"the `{CONTROL}` control (no averaging while training, one global average at each "
-            "evaluation) reached it in 45 steps on loopback where BSP took 39 (`dssync compare "
+            f"the `{CONTROL}` control (no averaging while training; each evaluation scores the "
+            "average of the workers' models) reached it in 45 steps on loopback where BSP took 39 (`dssync compare "
             "--workload mnist --workload-option hidden=2048 --workers 8 --seeds 1 --methods "
             "bsp,local-sgd:every=16,local-sgd:every=100000`, 2026-12-05). So these tables rank "
             "iteration speed, not how well a method synchronizes: a method that averages less "

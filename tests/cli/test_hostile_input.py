@@ -161,6 +161,10 @@ CASES = {
         ["rack_uplink:7"],
     ),
     "topology: file missing": (lambda t: ["cluster", "up", str(t / "none.toml")], ["none.toml"]),
+    "workload option of the wrong type": (
+        lambda t: ["train", "--workload", "bert", "--workload-option", "seq_len=abc"],
+        ["--workload-option", "bert", "abc"],
+    ),
     "stop at a target nobody declared": (
         lambda t: (
             ["compare", "--workload", "mnist", "--workload-option", "hidden=64"]

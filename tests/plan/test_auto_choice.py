@@ -97,3 +97,9 @@ def test_a_local_step_pick_averages_as_rarely_as_keeps_averaging_under_a_share_o
     assert "one average every 16 steps" in c.reason and "of the compute" in c.reason
     every_step = {p.method: p for p in c.predictions}["dssync-topo"]
     assert every_step.sync_s / 16 <= SYNC_SHARE * 0.018 < every_step.sync_s / 8
+
+
+def test_a_given_every_is_what_the_pick_reports():
+    c = choose(load_cluster("s2-inter-rack").topology(), MNIST_2048, compute_s=0.018, every=8)
+    assert (c.method, c.every) == ("dssync-topo-local", 8)
+    assert "one average every 8 steps: as --every says" in c.reason

@@ -251,8 +251,12 @@ def config(options: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from option values named like its fields (None keeps the default)."""
     settings = {k: v for k, v in options.items() if v is not None}
     if "epochs" not in settings:
-        wl = WORKLOADS[settings.get("workload", TrainConfig.workload)]
-        settings["epochs"] = wl(**settings.get("workload_options", {})).default_epochs()
+        name = settings.get("workload", TrainConfig.workload)
+        try:
+            wl = WORKLOADS[name](**settings.get("workload_options", {}))
+        except (ValueError, TypeError) as e:
+            raise click.UsageError(f"--workload-option for {name}: {e}") from None
+        settings["epochs"] = wl.default_epochs()
     return TrainConfig(**settings)
 
 

@@ -113,11 +113,18 @@ def canonical(topology: Topology) -> tuple[ClusterSpec, Topology] | None:
 
 
 def choose(
-    topology: Topology, params: int, compute_s: float, repeat: int = 8, local: bool = True
+    topology: Topology,
+    params: int,
+    compute_s: float,
+    repeat: int = 8,
+    local: bool = True,
+    every: int | None = None,
 ) -> Choice:
     """The method predicted fastest for a model of ``params`` float32 parameters whose step
     computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
-    1 Gbit/s hosts and an unshaped core); ``local=False`` leaves out the local-step presets."""
+    1 Gbit/s hosts and an unshaped core); ``local=False`` leaves out the local-step presets, and
+    ``every`` (``--every``) fixes how often a local-step pick averages."""
+    fixed = every
     shaped = canonical(topology)
     if shaped is None:
         return Choice(
@@ -145,14 +152,17 @@ def choose(
     chosen = None
     if best.method in thinned:
         plan, every = thinned[best.method]
-        chosen = local_every(by[plan].sync_s, compute_s)
+        chosen = fixed if fixed is not None else local_every(by[plan].sync_s, compute_s)
         if chosen is not None and chosen != every:
             sync = by[plan].sync_s / chosen
             best = Prediction(best.method, sync, compute_s + sync)
-            how = (
-                f" per iteration, one average every {chosen} steps: the fewest of "
-                f"{'/'.join(map(str, EVERY_CHOICES))} within {SYNC_SHARE:.0%} of the compute"
+            why = (
+                "as --every says"
+                if fixed is not None
+                else f"the fewest of {'/'.join(map(str, EVERY_CHOICES))} within "
+                f"{SYNC_SHARE:.0%} of the compute"
             )
+            how = f" per iteration, one average every {chosen} steps: {why}"
         else:
             how = f" per iteration, one average every {every} steps"
     reason = (

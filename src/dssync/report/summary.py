@@ -13,9 +13,9 @@ that never reached the target counting as infinitely slow. With 5 seeds each, tw
 drawn from one distribution are separated so by chance in 2 of 252 orderings (0.8%); with 3
 seeds, in 2 of 20 (10%), so 3-seed verdicts are a first look.
 
-A target must need synchronization: the ``solo`` method (no averaging while training, one
-global average at each evaluation) is the control, and the verdicts say so when it reaches the
-target.
+A target must need synchronization: the ``solo`` method (no averaging while training; each
+evaluation scores the average of the workers' models, which are averaged only at the end) is
+the control, and the verdicts say so when it reaches the target.
 
 Example::
 

@@ -64,6 +64,8 @@ def compute_time(
     batch = to_device(next(iter(DataLoader(data.local, batch_size=data.batch_size))), device)
     side = side_group()
     turns = range(dist.get_world_size()) if os.environ.get("DSSYNC_CLUSTER") else [None]
+    if turns != [None]:  # nobody still loading or building while rank 0 times
+        bounded(dist.barrier, group=side, timeout_s=timeout_s, what="timing the compute")
     times = []
     for turn in turns:
         if turn is None or turn == dist.get_rank():
@@ -89,7 +91,8 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
-    choice = choose(topo, params, compute_s, repeat=cfg.replan or DEFAULT_WINDOW, local=local)
+    repeat = cfg.replan or DEFAULT_WINDOW
+    choice = choose(topo, params, compute_s, repeat=repeat, local=local, every=cfg.every)
     return Decision(choice.method, choice.reason, compute_s, topo, choice.every)
 
 
