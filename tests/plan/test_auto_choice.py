@@ -32,13 +32,14 @@ def test_local_steps_thin_the_averaging_and_every_1_leaves_them_out():
     topo = load_cluster("s1-homogeneous").topology()
     c = choose(topo, MNIST_2048, compute_s=0.017)
     by = {p.method: p for p in c.predictions}
-    assert by["local-sgd"].sync_s == pytest.approx(by["ddp"].sync_s / 4)
+    assert by["diloco"].sync_s == pytest.approx(by["ddp"].sync_s / 4)
     assert by["dssync-topo local"].sync_s == pytest.approx(by["dssync-topo"].sync_s / 4)
     assert c.method == "dssync-topo-local"
     assert c.every == local_every(by["dssync-topo"].sync_s, 0.017)
     assert f"one average every {c.every} steps" in c.reason
     every_step = choose(topo, MNIST_2048, compute_s=0.017, local=False)
-    assert "local-sgd" not in {p.method for p in every_step.predictions}
+    assert "diloco" not in {p.method for p in every_step.predictions}
+    assert every_step.outer is None  # an average every step: no outer step
     assert every_step.method in {"dssync-topo", "dssync-topo-overlap", "dssync"}
 
 
@@ -103,3 +104,24 @@ def test_a_given_every_is_what_the_pick_reports():
     c = choose(load_cluster("s2-inter-rack").topology(), MNIST_2048, compute_s=0.018, every=8)
     assert (c.method, c.every) == ("dssync-topo-local", 8)
     assert "one average every 8 steps: as --every says" in c.reason
+
+
+def test_a_local_step_pick_applies_dilocos_outer_step_unless_outer_says_otherwise():
+    topo = load_cluster("s2-inter-rack").topology()
+    c = choose(topo, MNIST_2048, compute_s=0.018)
+    assert (c.method, c.outer) == ("dssync-topo-local", "nesterov")
+    assert "DiLoCo's outer Nesterov step at each average" in c.reason
+    plain = choose(topo, MNIST_2048, compute_s=0.018, outer="none")
+    assert plain.outer == "none" and "outer" not in plain.reason
+    given = choose(topo, MNIST_2048, compute_s=0.018, outer="nesterov")
+    assert "(as --outer says)" in given.reason
+
+
+def test_the_report_labels_the_outer_step_only_where_it_is_not_the_methods_own():
+    from dssync.report.summary import picked
+
+    pick = {"method": "dssync-topo-local", "every": 16, "outer": "nesterov"}
+    assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov"
+    assert picked({**pick, "outer": "none"}) == "dssync-topo-local:every=16"
+    assert picked({"method": "diloco", "every": 8, "outer": "nesterov"}) == "diloco:every=8"
+    assert picked({"method": "dssync-topo", "every": None}) == "dssync-topo"  # older files

@@ -18,6 +18,8 @@ def test_auto_runs_the_method_it_chose_and_says_why():
     assert s["auto"]["compute_s"] > 0 and s["steps"] == 6
     every = s["auto"]["every"]  # a local-step pick says how often it averaged
     assert every is None or (every in (4, 8, 16) and f"every {every} steps" in s["auto"]["reason"])
+    if every is not None:  # and applies DiLoCo's outer step at each average
+        assert s["auto"]["outer"] == "nesterov" and "outer Nesterov" in s["auto"]["reason"]
 
 
 def _timed_spans():

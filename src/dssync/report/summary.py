@@ -130,9 +130,17 @@ def method_summary(
 
 
 def picked(auto: dict[str, Any]) -> str:
-    """What ``--sync auto`` ran, as a label: ``dssync-topo-local:every=16``."""
-    every = auto.get("every")
-    return auto["method"] + (f":every={every}" if every else "")
+    """What ``--sync auto`` ran, as a label: ``dssync-topo-local:every=16:outer=nesterov``
+    (the outer step named where it is not the method's own)."""
+    from dssync.methods import get_method
+
+    every, outer = auto.get("every"), auto.get("outer")
+    own = get_method(auto["method"]).options.get("outer", "none")
+    return (
+        auto["method"]
+        + (f":every={every}" if every else "")
+        + (f":outer={outer}" if outer and outer != own else "")
+    )
 
 
 def _all_failed(failed: list[dict[str, Any]], target: float | None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class Decision:
     compute_s: float
     topology: Topology
     every: int | None = None
+    outer: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -47,6 +48,7 @@ class Decision:
             "reason": self.reason,
             "compute_s": self.compute_s,
             "every": self.every,
+            "outer": self.outer,
         }
 
 
@@ -92,8 +94,10 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
     repeat = cfg.replan or DEFAULT_WINDOW
-    choice = choose(topo, params, compute_s, repeat=repeat, local=local, every=cfg.every)
-    return Decision(choice.method, choice.reason, compute_s, topo, choice.every)
+    choice = choose(
+        topo, params, compute_s, repeat=repeat, local=local, every=cfg.every, outer=cfg.outer
+    )
+    return Decision(choice.method, choice.reason, compute_s, topo, choice.every, choice.outer)
 
 
 def resolve(
@@ -101,11 +105,13 @@ def resolve(
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
     options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
-    pick's ``every`` fills ``--every`` when it was not given."""
+    pick's ``every`` and ``outer`` fill ``--every`` and ``--outer`` when they were not given."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
     chosen = for_method(cfg, decision.method)
     if cfg.every is None and decision.every is not None:
         chosen = replace(chosen, every=decision.every)
+    if cfg.outer is None and decision.outer is not None:
+        chosen = replace(chosen, outer=decision.outer)
     return chosen, decision
