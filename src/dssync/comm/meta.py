@@ -6,7 +6,7 @@ waits for it at most ``timeout_s``; on failure it raises :class:`~dssync.errors.
 what the wait was, which ranks never came (each rank writes a key into the store before it
 starts, so the missing are known at once) and what happened after how long (silent past the
 timeout, or a connection that closed). :func:`gather_objects` gathers a small picklable object
-from every rank (two bounded all_gathers). Callers pass the side group
+from every rank (two bounded all_gathers); :func:`slowest` is the largest of every rank's time. Callers pass the side group
 (:func:`dssync.comm.side.side_group`) for CPU metadata.
 
 Example::
@@ -34,6 +34,7 @@ _calls: dict[tuple[int, ...], int] = {}  # bounded calls per group: every rank c
 
 def bounded(
     op: Callable[..., Any],
+    /,
     *args: Any,
     group: dist.ProcessGroup | None = None,
     timeout_s: float,
@@ -43,6 +44,7 @@ def bounded(
     """``op(*args, group=group, async_op=True, **kwargs)``, waited for at most ``timeout_s``.
 
     Collective: every rank of ``group`` calls it alike. Raises PeerLost naming ``what``.
+    ``op`` is positional-only, so a collective's own ``op=`` (``dist.ReduceOp.MAX``) passes on.
     """
     pg = group if group is not None else dist.group.WORLD
     key = tuple(dist.get_process_group_ranks(pg))
@@ -54,6 +56,13 @@ def bounded(
     lend(t for a in args for t in (a if isinstance(a, list) else [a]) if torch.is_tensor(t))
     work = op(*args, group=pg, async_op=True, **kwargs)
     wait(work, time.monotonic() + timeout_s, tag, members, timeout_s, roll=roll, what=what)
+
+
+def slowest(seconds: float, group: dist.ProcessGroup | None, timeout_s: float, what: str) -> float:
+    """The largest of every rank's ``seconds`` (a bounded MAX all_reduce, like :func:`bounded`)."""
+    t = torch.tensor([seconds], dtype=torch.float64)
+    bounded(dist.all_reduce, t, op=dist.ReduceOp.MAX, group=group, timeout_s=timeout_s, what=what)
+    return float(t.item())
 
 
 def gather_objects(

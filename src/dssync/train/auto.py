@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
-from dssync.comm.meta import bounded
+from dssync.comm.meta import bounded, slowest
 from dssync.comm.side import side_group
 from dssync.methods import DEFAULT_WINDOW, for_method
 from dssync.topology import Topology, detect
@@ -65,22 +65,24 @@ def compute_time(
     trial = copy.deepcopy(module)
     batch = to_device(next(iter(DataLoader(data.local, batch_size=data.batch_size))), device)
     side = side_group()
-    turns = range(dist.get_world_size()) if os.environ.get("DSSYNC_CLUSTER") else [None]
-    if turns != [None]:  # nobody still loading or building while rank 0 times
-        bounded(dist.barrier, group=side, timeout_s=timeout_s, what="timing the compute")
-    times = []
-    for turn in turns:
-        if turn is None or turn == dist.get_rank():
-            for _ in range(TIMED_PASSES + 1):
-                t0 = clock(device)
-                data.wl.loss(trial, batch).backward()
-                times.append(clock(device) - t0)
-        if turn is not None:
-            bounded(dist.barrier, group=side, timeout_s=timeout_s, what="timing the compute")
-    t = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
-    max_ = dist.ReduceOp.MAX  # positional: bounded's own first parameter is named op
-    bounded(dist.all_reduce, t, max_, group=side, timeout_s=timeout_s, what="timing the compute")
-    return float(t.item())
+    what = "timing the compute"
+
+    def timed() -> list[float]:
+        times = []
+        for _ in range(TIMED_PASSES + 1):
+            t0 = clock(device)
+            data.wl.loss(trial, batch).backward()
+            times.append(clock(device) - t0)
+        return times[1:]  # the first is a warm-up
+
+    if not os.environ.get("DSSYNC_CLUSTER"):
+        return slowest(statistics.median(timed()), side, timeout_s, what)
+    bounded(dist.barrier, group=side, timeout_s=timeout_s, what=what)  # nobody still loading
+    for turn in range(dist.get_world_size()):
+        if turn == dist.get_rank():
+            mine = statistics.median(timed())
+        bounded(dist.barrier, group=side, timeout_s=timeout_s, what=what)
+    return slowest(mine, side, timeout_s, what)
 
 
 def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dssync.comm import average_tensors, consensus_distance
+from dssync.comm import average_tensors, consensus_distance, meta
 from dssync.comm.averager import DEFAULT_TIMEOUT_S
-from dssync.comm.meta import bounded, gather_objects
+from dssync.comm.meta import gather_objects
 from dssync.comm.side import side_group
 from dssync.methods import configure
 from dssync.strategies import Strategy
@@ -73,11 +73,7 @@ def evaluate(wl: Workload, module: nn.Module, data) -> dict[str, float]:
 def slowest(seconds: float, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
     """The largest of every rank's ``seconds`` (collective; metadata through the side group);
     PeerLost, not the backend's error, when a rank is missing past ``timeout_s``."""
-    t = torch.tensor([seconds], dtype=torch.float64)
-    what = "the evaluation's timing (slowest rank)"
-    max_ = dist.ReduceOp.MAX  # positional: bounded's own first parameter is named op
-    bounded(dist.all_reduce, t, max_, group=side_group(), timeout_s=timeout_s, what=what)
-    return float(t.item())
+    return meta.slowest(seconds, side_group(), timeout_s, "the evaluation's timing (slowest rank)")
 
 
 def eval_record(
