@@ -4,6 +4,11 @@ Every rank times a few forward and backward passes of a copy of its model on one
 batches (the first is a warm-up; the slowest rank's median counts), the ranks detect their
 topology with a short link probe, and :func:`dssync.plan.auto.choose` picks the method. Every
 rank computes the same choice from the same shared figures, so no further agreement is needed.
+
+A resumed run keeps the pick its checkpoints record (:func:`saved_pick`: rank 0's newest
+checkpoint, shared with every rank) rather than choosing again: a new probe on a busy network
+may pick another method or ``every``, and the run would then continue as a different method
+from the one its checkpoint was written by. Only the topology is detected again.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import copy
 import os
 import statistics
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,10 +25,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
-from dssync.comm.meta import bounded, slowest
+from dssync.comm.meta import bounded, gather_objects, slowest
 from dssync.comm.side import side_group
 from dssync.methods import DEFAULT_WINDOW, for_method
 from dssync.topology import Topology, detect
+from dssync.train.checkpoint import CheckpointDamaged, name_parts, rank_checkpoints, read_header
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
 from dssync.train.device import to_device
@@ -33,7 +40,8 @@ TIMED_PASSES = 3
 
 @dataclass(frozen=True)
 class Decision:
-    """What ``--sync auto`` chose (a method name), why (one line), and what it saw."""
+    """What ``--sync auto`` chose (a method name), why (one line), and what it saw; a resumed
+    run's pick says which checkpoint step it was kept from."""
 
     method: str
     reason: str
@@ -41,6 +49,7 @@ class Decision:
     topology: Topology
     every: int | None = None
     outer: str | None = None
+    kept_from: int | None = None  # a resumed run's pick: the checkpoint step it was read from
 
     def to_dict(self) -> dict:
         return {
@@ -49,7 +58,13 @@ class Decision:
             "compute_s": self.compute_s,
             "every": self.every,
             "outer": self.outer,
+            "kept_from": self.kept_from,
         }
+
+    def line(self) -> str:
+        """The one line rank 0 prints."""
+        kept = f"kept from the checkpoint of step {self.kept_from}, " if self.kept_from else ""
+        return f"--sync auto: {kept}{self.reason}"
 
 
 def compute_time(
@@ -85,12 +100,42 @@ def compute_time(
     return slowest(mine, side, timeout_s, what)
 
 
+def saved_pick(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The pick recorded in rank 0's newest intact checkpoint when ``cfg`` resumes an auto run,
+    the same on every rank (collective); None when there is none to keep."""
+    pick = None
+    if cfg.resume and cfg.checkpoint_dir and dist.get_rank() == 0:
+        for _, path in sorted(rank_checkpoints(cfg.checkpoint_dir, 0).items(), reverse=True):
+            try:
+                pick = read_header(path).get(AUTO)
+            except CheckpointDamaged:
+                continue  # the resume names it; an older file may still say what was picked
+            if pick is not None:
+                pick = {**pick, "step": name_parts(path)[1]}
+            break
+    if not (cfg.resume and cfg.checkpoint_dir):
+        return None  # every rank sees the same cfg: nobody gathers
+    return gather_objects(pick, side_group(), cfg.timeout_s, "reading auto's pick")[0]
+
+
 def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:
     """The method ``--sync auto`` runs for ``cfg`` here (all ranks call this alike)."""
     from dssync.plan.auto import choose
 
-    compute_s = compute_time(data, module, device, cfg.timeout_s)
     dtype = next(module.parameters()).dtype
+    kept = saved_pick(cfg)
+    if kept is not None:
+        topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
+        return Decision(
+            kept["method"],
+            kept["reason"],
+            kept["compute_s"],
+            topo,
+            kept.get("every"),
+            kept.get("outer"),
+            kept_from=kept["step"],
+        )
+    compute_s = compute_time(data, module, device, cfg.timeout_s)
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)

@@ -19,7 +19,7 @@ from dssync.comm.meta import bounded
 from dssync.comm.side import side_group
 from dssync.errors import PeerLost, SyncError
 from dssync.strategies import Strategy
-from dssync.train.auto import Decision, resolve
+from dssync.train.auto import AUTO, Decision, resolve
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
 from dssync.train.device import Clock, resolve_device, to_device
@@ -56,7 +56,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     phase = SWAPhase.of(cfg, total)
     # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
     rates = rate_schedule(cfg, data, optimizer, total, phase)
-    saver = checkpointer(cfg, data, strategy, optimizer, rank, world)
+    saver = checkpointer(cfg, data, strategy, optimizer, rank, world, decision)
     run, phase.average = restore(cfg, saver)
     hook.started(rank, strategy)
     clock = Clock(device)
@@ -107,7 +107,7 @@ def build(
     optimizer = data.wl.optimizer(module.parameters())
     cfg, decision = resolve(cfg, data, module, device)
     if decision is not None and rank == 0:
-        print(f"--sync auto: {decision.reason}", file=sys.stderr, flush=True)
+        print(decision.line(), file=sys.stderr, flush=True)
     topology = decision.topology if decision is not None else None
     strategy = build_strategy(cfg, module, optimizer, topology)
     torch.manual_seed(cfg.seed * 1000 + rank)
@@ -160,7 +160,10 @@ def checkpointer(
     optimizer: torch.optim.Optimizer,
     rank: int,
     world: int,
+    decision: Decision | None = None,
 ) -> Checkpointer | None:
+    """The run's checkpoint writer and reader; an auto run's files also record its pick, which a
+    resume keeps (:func:`dssync.train.auto.saved_pick`)."""
     if cfg.checkpoint_dir is None:
         return None
     header = {
@@ -169,6 +172,8 @@ def checkpointer(
         "train_samples": len(data.train),
         "steps_per_epoch": data.steps_per_epoch,
     }
+    if decision is not None:
+        header[AUTO] = decision.to_dict()
     return Checkpointer(cfg.checkpoint_dir, rank, world, header, strategy, optimizer)
 
 
