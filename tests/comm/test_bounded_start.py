@@ -120,3 +120,13 @@ def test_not_initialized_says_the_script_must_create_the_group():
     with pytest.raises(UsageError, match="init_process_group") as e:
         DSSync(nn.Linear(2, 2))
     assert "does not create the group" in str(e.value)
+
+
+def test_a_wait_every_member_reached_says_whether_it_stalled_or_broke():
+    from dssync.comm.exchange import lost
+
+    stalled = lost([], silent=True, waited=10.0, timeout_s=10)
+    assert "stalled for 10.0 s, past timeout_s=10" in stalled and "stopped mid-transfer" in stalled
+    broke = lost([], silent=False, waited=0.3, timeout_s=10)
+    assert "failed after 0.3 s (a connection broke)" in broke
+    assert "rank 2 never came: silent" in lost([2], silent=True, waited=10.0, timeout_s=10)

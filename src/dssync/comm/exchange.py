@@ -120,6 +120,11 @@ def wait(
 
 def lost(peers: list[int] | None, silent: bool, waited: float, timeout_s: float) -> str:
     """Who was missing and what happened: silent past the timeout, or a connection closed."""
+    if peers == [] and silent:
+        return (
+            f"every member reached it, then it stalled for {waited:.1f} s, past timeout_s="
+            f"{timeout_s:g} (a member stopped mid-transfer, or a link went down)"
+        )
     if peers == []:
         return f"every member reached it, yet it failed after {waited:.1f} s (a connection broke)"
     who = (
