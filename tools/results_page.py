@@ -152,30 +152,30 @@ def page(found: dict[str, dict], earlier: dict[str, dict] | None = None) -> str:
 
 
 def readme_block(found: dict[str, dict]) -> str:
-    """The README's short table: per cluster, its newest race's BSP, auto, DS-Sync's best and the
-    best other remedy. A race without BSP borrows BSP's time from the newest race of the same
-    cluster that ran it, and says so."""
+    """The README's short table: per cluster (and workload, length and target), its newest race's
+    BSP, auto, DS-Sync's best and the best other remedy. A race without BSP borrows BSP's time
+    from the newest race of the same kind that ran it, and says so."""
     rows = [
         "| cluster | BSP to target | auto (what it ran) | DS-Sync's fastest | best other remedy "
         "| DS-Sync vs other | separated beyond the spread? |",
         "|---|---|---|---|---|---|---|",
     ]
-    by_cluster: dict[str, list[tuple[str, dict]]] = {}
+    by_cluster: dict[tuple, list[tuple[str, dict]]] = {}
     for name, s in sorted(found.items(), key=lambda kv: kv[1]["meta"].get("date", "")):
-        by_cluster.setdefault(s["meta"]["where"], []).append((name, s))
+        m = s["meta"]
+        key = (m["where"], m["workload"], m.get("epochs"), s["target"])
+        by_cluster.setdefault(key, []).append((name, s))
     for races in by_cluster.values():
         name, s = races[-1]
         ms = s["methods"]
-        ref = ms.get(s.get("reference", "bsp"))
-        bsp = "" if ref is None else f"{ref['time_to_target']['median']:.1f} s"
-        if ref is None:
-            ran = [r for _, r in races if r["methods"].get(r.get("reference", "bsp"))]
-            if ran:
-                ref = ran[-1]["methods"][ran[-1].get("reference", "bsp")]
-                bsp = f"{ref['time_to_target']['median']:.1f} s (its race of {_day(ran[-1])})"
-        reached = {n: m for n, m in ms.items() if m["time_to_target"] is not None}
-        if ref is None or ref["time_to_target"] is None:
+        ran = [r for _, r in races if _reference(r) is not None]
+        if not ran:
             continue
+        ref = _reference(ran[-1])
+        bsp = f"{ref['time_to_target']['median']:.1f} s"
+        if ran[-1] is not s:
+            bsp += f" (its race of {_day(ran[-1])})"
+        reached = {n: m for n, m in ms.items() if m["time_to_target"] is not None}
         ours = _fastest({n: m for n, m in reached.items() if _ours(n)})
         other = _fastest(
             {n: m for n, m in reached.items() if n not in ("bsp", CONTROL) and not _ours(n)}
@@ -197,6 +197,12 @@ def readme_block(found: dict[str, dict]) -> str:
             f"| {_ratio(reached[ours], reached[other])} | {'yes' if apart else 'no'} |"
         )
     return "\n".join([BEGIN, *rows, END])
+
+
+def _reference(summary: dict) -> dict | None:
+    """BSP's entry in a race when it ran and reached the target."""
+    ref = summary["methods"].get(summary.get("reference", "bsp"))
+    return ref if ref is not None and ref["time_to_target"] is not None else None
 
 
 def _day(summary: dict) -> str:

@@ -233,8 +233,9 @@ def _auto(
     if topology is None or not topology.host_mbit:
         topology = detect(probe=True, timeout_s=cfg.timeout_s)
     params = sum(p.numel() for p in module.parameters())
-    chosen = choose(topology, params, compute_s=0.0, repeat=cfg.replan or DEFAULT_WINDOW).method
-    return get_method(chosen).build(configure(for_method(cfg, chosen)), module, opt, topology)
+    c = choose(topology, params, compute_s=0.0, repeat=cfg.replan or DEFAULT_WINDOW)
+    chosen = with_pick(cfg, c.method, c.every, c.outer)
+    return get_method(c.method).build(configure(chosen), module, opt, topology)
 
 
 _TOPO = frozenset({TOPOLOGY})
@@ -491,6 +492,17 @@ def for_method(cfg: TrainConfig, name: str) -> TrainConfig:
     if odd:
         raise UsageError(f"{name!r}: {base} does not take {', '.join(odd)}; drop it from the label")
     return replace(cfg, sync=base, **{k: None for k in OPTIONS if k not in takes}, **own)
+
+
+def with_pick(cfg: TrainConfig, method: str, every: int | None, outer: str | None) -> TrainConfig:
+    """``cfg`` for ``auto``'s pick: ``method`` (:func:`for_method`), with the pick's ``every``
+    and ``outer`` where the user gave neither (None: the method's own)."""
+    chosen = for_method(cfg, method)
+    if cfg.every is None and every is not None:
+        chosen = replace(chosen, every=every)
+    if cfg.outer is None and outer is not None:
+        chosen = replace(chosen, outer=outer)
+    return chosen
 
 
 def build_strategy(

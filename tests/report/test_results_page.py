@@ -44,3 +44,28 @@ def test_a_hand_edit_of_the_block_is_caught(tmp_path, monkeypatch):
     readme.write_text(head + results_page.BEGIN + edited + results_page.END + tail)
     monkeypatch.setattr(results_page, "README", readme)
     assert results_page.main(["--check"]) == 1
+
+
+def _race(date: str, commit: str, times: dict[str, float | None]) -> dict:
+    def entry(t):
+        span = None if t is None else {"median": t, "min": t * 0.9, "max": t * 1.1}
+        return {"time_to_target": span, "seeds_reaching_target": 3, "seeds": [0, 1, 2]}
+
+    meta = {"where": "emulated cluster s2", "workload": "mnist", "epochs": 12}
+    meta.update(date=date, commit=commit, title=f"race {commit}")
+    return {"meta": meta, "target": 0.91, "methods": {n: entry(t) for n, t in times.items()}}
+
+
+def test_the_readme_block_shows_each_clusters_newest_race_and_borrows_bsp_only_saying_so():
+    old = _race("2026-12-04 10:00", "aaa", {"bsp": 50.0, "diloco": 3.0, "dssync-topo": 2.5})
+    new = _race("2026-12-05 09:00", "bbb", {"diloco": 3.0, "dssync-topo": 2.0})
+    block = results_page.readme_block({"new": new, "old": old})
+    rows = [r for r in block.splitlines() if r.startswith("| race")]
+    assert len(rows) == 1 and rows[0].startswith(
+        "| race bbb | 50.0 s (its race of 2026-12-04, aaa)"
+    )
+    assert "| 0.67x |" in rows[0]  # DS-Sync against the best other of the newest race
+    own = results_page.readme_block({"old": old})
+    assert "| race aaa | 50.0 s |" in own  # its own BSP: nothing borrowed
+    never = _race("2026-12-04 10:00", "ccc", {"bsp": None, "diloco": 3.0, "dssync-topo": 2.5})
+    assert "race ccc" not in results_page.readme_block({"never": never})  # no BSP time: no row

@@ -95,6 +95,13 @@ def _resume(steps: int):
     before = fresh.schedule.describe()
     fresh.load_state_dict(state)
     ahead = [sync.schedule.partition(s, 6) for s in range(steps, steps + 8)]
+    # A resumed run probes again and reads other rates, here a slow host: its first plan differs,
+    # yet it continues on the saved rates' plan.
+    probed = TOPO.with_rates({**{h: 1000.0 for h in range(6)}, 5: 100.0}, 900.0)
+    again = DSSync(nn.Linear(4, 2), topology=probed, replan=4)
+    first_plan = again.schedule.describe()
+    again.load_state_dict(state)
+    probed_view = (first_plan, again.schedule.describe(), again.switches)
     other = DSSync(nn.Linear(4, 2), topology=TOPO, replan=8)
     try:
         other.load_state_dict(state)
@@ -109,13 +116,17 @@ def _resume(steps: int):
         fresh.switches,
         [fresh.schedule.partition(s, 6) for s in range(steps, steps + 8)],
         refused,
+        probed_view,
     )
 
 
 def test_a_resumed_run_keeps_its_re_planned_groups():
-    for before, planned, resumed, ahead, switches, resumed_ahead, refused in spawn(
+    for before, planned, resumed, ahead, switches, resumed_ahead, refused, probed in spawn(
         _resume, 6, args=(20,), timeout_s=90
     ):
         assert switches and planned != before  # contention made it re-plan before the save
         assert resumed == planned and resumed_ahead == ahead
         assert "--replan" in refused  # another plan window
+        first_plan, continued, _ = probed
+        assert first_plan != planned and "slow=(5,)" in first_plan  # the new probe's own plan
+        assert continued == planned  # the saved rates' plan, not the new probe's

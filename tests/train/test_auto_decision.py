@@ -20,6 +20,8 @@ def test_auto_runs_the_method_it_chose_and_says_why():
     assert every is None or (every in (4, 8, 16) and f"every {every} steps" in s["auto"]["reason"])
     if every is not None:  # and applies DiLoCo's outer step at each average
         assert s["auto"]["outer"] == "nesterov" and "outer Nesterov" in s["auto"]["reason"]
+    else:
+        assert s["auto"]["outer"] is None
 
 
 def _timed_spans():

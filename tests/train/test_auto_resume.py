@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from dssync.launch import WorkerError
 from dssync.train import TrainConfig, run_training
 
 
@@ -34,3 +35,5 @@ def test_a_resumed_auto_run_keeps_the_pick_of_its_checkpoint(tmp_path):
     assert {k: kept[k] for k in ("method", "every", "outer", "reason", "compute_s")} == {
         k: first[k] for k in ("method", "every", "outer", "reason", "compute_s")
     }
+    with pytest.raises(WorkerError, match="would change"):  # --every against the kept pick
+        run_training(replace(cfg, every=4, outer=None, max_steps=12, resume=True), 2)

@@ -67,7 +67,7 @@ DSSYNC_OPTIONS = [
         type=click.Choice(OUTERS),
         default=None,
         help="Outer optimizer on each averaging's pseudo-gradient: nesterov is DiLoCo's "
-        "(SGD, momentum 0.9, --outer-lr) (default: the method's).",
+        "(SGD, momentum 0.9, --outer-lr) (default: the method's; auto's local-step pick: nesterov).",
     ),
     click.option(
         "--overlap/--no-overlap",

@@ -96,8 +96,9 @@ def wait(
     ``peers`` are the ranks this work waits on when known (an exchange); otherwise ``roll``, if
     given, finds which ranks of ``group`` never reached this point. The message says what the
     wait was (``what``, else the tag), who was missing, and what happened after how long: a
-    wait that ran to its deadline met a peer silent past ``timeout_s``; one that failed sooner
-    met a closed connection (the peer exited or crashed).
+    wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
+    came, a transfer that stalled); one that failed sooner met a closed connection (the peer
+    exited or crashed).
     """
     if work is None:
         return
@@ -119,7 +120,8 @@ def wait(
 
 
 def lost(peers: list[int] | None, silent: bool, waited: float, timeout_s: float) -> str:
-    """Who was missing and what happened: silent past the timeout, or a connection closed."""
+    """Who was missing and what happened: silent past the timeout, or a connection closed; when
+    every member came (``peers == []``): a stall past the timeout, or a broken connection."""
     if peers == [] and silent:
         return (
             f"every member reached it, then it stalled for {waited:.1f} s, past timeout_s="

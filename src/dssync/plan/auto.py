@@ -1,9 +1,9 @@
 """``--sync auto``: the method the planner predicts fastest to the target on the cluster the job sees.
 
 From the detected topology with a short link probe's rates, the model's size and the compute
-time measured over the first steps, :func:`choose` runs the planner's cost model
+time (timed on a few passes before training), :func:`choose` runs the planner's cost model
 (:func:`dssync.plan.cost.predict`) for each method it models and picks the fastest iteration.
-The local-step presets (``local-sgd``, ``dssync-topo-local``: an average every 4th step) are
+The local-step presets (``diloco``, ``dssync-topo-local``: an average every 4th step) are
 predicted as compute plus a quarter of their every-step averaging. When one of them is picked,
 it averages every :func:`local_every` steps: the fewest of 4, 8 and 16 that keep its averaging
 per step within :data:`SYNC_SHARE` of the compute (16 when none does; the time-to-train tables

@@ -29,6 +29,8 @@ class Schedule(ABC):
         [[0, 2], [1, 3]]
     """
 
+    UNDESCRIBED: tuple[str, ...] = ()  # attributes that are not settings (see describe)
+
     @abstractmethod
     def partition(self, step: int, world_size: int) -> Partition:
         """The disjoint groups of ``step`` for ``world_size`` ranks."""
@@ -50,9 +52,12 @@ class Schedule(ABC):
         return None
 
     def describe(self) -> str:
-        """A short text naming the schedule and its settings (used in logs and fingerprints)."""
+        """A short text naming the schedule and its settings (used in logs and fingerprints);
+        attributes named in ``UNDESCRIBED`` are not settings and are left out."""
         fields = ", ".join(
-            f"{k}={v!r}" for k, v in sorted(vars(self).items()) if not k.startswith("_")
+            f"{k}={v!r}"
+            for k, v in sorted(vars(self).items())
+            if not k.startswith("_") and k not in self.UNDESCRIBED
         )
         return f"{type(self).__name__}({fields})"
 

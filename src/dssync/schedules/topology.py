@@ -92,6 +92,10 @@ class TopologyAware(Schedule):
         [(0, 4), (1, 5), (2, 6), (3, 7)]
     """
 
+    # The topology and settings a plan was made from: probed rates differ on every run, so a
+    # resumed run's new probe must not make the same plan look like another one.
+    UNDESCRIBED = ("planned_from",)
+
     def __init__(
         self,
         domains: Sequence[Sequence[int]],

@@ -394,8 +394,13 @@ class DSSync(Strategy, Joinable):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` was saved (every rank loads alike: collective on a re-plan)."""
-        if state.get("schedule") != self._planned:
+        """Continue where ``state`` was saved (every rank loads alike: collective on a re-plan).
+
+        A re-planned run's groups come from the saved rates (the re-planner checks the hosts,
+        racks and settings), not from this run's first plan, which a new probe may have made
+        from other rates."""
+        replanned = self.replanner is not None and "replan" in state
+        if not replanned and state.get("schedule") != self._planned:
             raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
                 f"{self._planned}; resume with the same --schedule, --group-size, --seed and "

@@ -8,7 +8,9 @@ rank computes the same choice from the same shared figures, so no further agreem
 A resumed run keeps the pick its checkpoints record (:func:`saved_pick`: rank 0's newest
 checkpoint, shared with every rank) rather than choosing again: a new probe on a busy network
 may pick another method or ``every``, and the run would then continue as a different method
-from the one its checkpoint was written by. Only the topology is detected again.
+from the one its checkpoint was written by. ``--every`` or ``--outer`` that would change the
+kept pick are refused. The topology is detected and probed again; a re-planned plan then
+continues from the rates its checkpoint saved (:meth:`dssync.DSSync.load_state_dict`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,16 @@ from torch.utils.data import DataLoader
 from dssync.comm.clock import clock
 from dssync.comm.meta import bounded, gather_objects, slowest
 from dssync.comm.side import side_group
-from dssync.methods import DEFAULT_WINDOW, for_method
+from dssync.errors import UsageError
+from dssync.methods import DEFAULT_WINDOW, with_pick
 from dssync.topology import Topology, detect
-from dssync.train.checkpoint import CheckpointDamaged, name_parts, rank_checkpoints, read_header
+from dssync.train.checkpoint import (
+    CheckpointDamaged,
+    CheckpointError,
+    name_parts,
+    rank_checkpoints,
+    read_header,
+)
 from dssync.train.config import TrainConfig
 from dssync.train.data import RankData
 from dssync.train.device import to_device
@@ -62,7 +71,11 @@ class Decision:
 
     def line(self) -> str:
         """The one line rank 0 prints."""
-        kept = f"kept from the checkpoint of step {self.kept_from}, " if self.kept_from else ""
+        kept = (
+            f"the pick its checkpoints record (read at step {self.kept_from}), "
+            if self.kept_from is not None
+            else ""
+        )
         return f"--sync auto: {kept}{self.reason}"
 
 
@@ -105,19 +118,33 @@ def compute_time(
 def saved_pick(cfg: TrainConfig) -> dict[str, Any] | None:
     """The pick recorded in rank 0's newest intact checkpoint when ``cfg`` resumes an auto run,
     the same on every rank (collective); None when there is none to keep."""
-    pick = None
-    if cfg.resume and cfg.checkpoint_dir and dist.get_rank() == 0:
-        for _, path in sorted(rank_checkpoints(cfg.checkpoint_dir, 0).items(), reverse=True):
-            try:
-                pick = read_header(path).get(AUTO)
-            except CheckpointDamaged:
-                continue  # the resume names it; an older file may still say what was picked
-            if pick is not None:
-                pick = {**pick, "step": name_parts(path)[1]}
-            break
     if not (cfg.resume and cfg.checkpoint_dir):
         return None  # every rank sees the same cfg: nobody gathers
-    return gather_objects(pick, side_group(), cfg.timeout_s, "reading auto's pick")[0]
+    pick: dict[str, Any] | None = None
+    if dist.get_rank() == 0:
+        try:
+            pick = _newest_pick(cfg.checkpoint_dir)
+        except CheckpointError as e:  # every rank raises it, none waits for rank 0
+            pick = {"error": str(e)}
+    pick = gather_objects(pick, side_group(), cfg.timeout_s, "reading auto's pick")[0]
+    if pick is not None and "error" in pick:
+        raise CheckpointError(pick["error"])
+    return pick
+
+
+def _used(decision: Decision, option: str) -> str:
+    value = getattr(decision, option)
+    return "its method's own" if value is None else str(value)
+
+
+def _newest_pick(folder: str) -> dict[str, Any] | None:
+    for _, path in sorted(rank_checkpoints(folder, 0).items(), reverse=True):
+        try:
+            pick = read_header(path).get(AUTO)
+        except CheckpointDamaged:
+            continue  # the resume names it; an older file still says what was picked
+        return None if pick is None else {**pick, "step": name_parts(path)[1]}
+    return None
 
 
 def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:
@@ -154,13 +181,22 @@ def resolve(
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
     options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
-    pick's ``every`` and ``outer`` fill ``--every`` and ``--outer`` when they were not given."""
+    pick's ``every`` and ``outer`` fill ``--every`` and ``--outer`` when they were not given.
+    The decision records the ``every`` and ``outer`` the run uses (None: the method's own)."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
-    chosen = for_method(cfg, decision.method)
-    if cfg.every is None and decision.every is not None:
-        chosen = replace(chosen, every=decision.every)
-    if cfg.outer is None and decision.outer is not None:
-        chosen = replace(chosen, outer=decision.outer)
-    return chosen, decision
+    if decision.kept_from is not None:
+        clash = [
+            f"--{k} {getattr(cfg, k)} (the checkpoints' run used {_used(decision, k)})"
+            for k in ("every", "outer")
+            if getattr(cfg, k) is not None and getattr(cfg, k) != getattr(decision, k)
+        ]
+        if clash:
+            raise UsageError(
+                f"--sync auto resumes with the pick its checkpoints record ({decision.method}), "
+                f"which this run's {', '.join(clash)} would change; resume without them, or with "
+                f"--sync {decision.method} and the options you want"
+            )
+    chosen = with_pick(cfg, decision.method, decision.every, decision.outer)
+    return chosen, replace(decision, every=chosen.every, outer=chosen.outer)
