@@ -31,6 +31,9 @@ README = ROOT / "README.md"
 # Races to a target the solo control (no averaging while training) also reached: they rank
 # iteration speed only, and are kept for the record, apart from the current tables.
 EARLIER = RESULTS / "earlier"
+# Races of a setting's grid (the outer rate, one value per race): the same grid for DS-Sync and
+# the method it races, kept apart from the tables above and from the README's block.
+GRID = RESULTS / "grid"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -113,7 +116,18 @@ def accuracy_page(found: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def page(found: dict[str, dict], earlier: dict[str, dict] | None = None) -> str:
+def _nested(name: str, summary: dict, folder: str) -> list[str]:
+    return [
+        line.replace("## ", "### ", 1) if line.startswith("## ") else line
+        for line in section(name, summary, folder)
+    ]
+
+
+def page(
+    found: dict[str, dict],
+    earlier: dict[str, dict] | None = None,
+    grid: dict[str, dict] | None = None,
+) -> str:
     lines = [
         "# Time to train",
         "",
@@ -129,6 +143,17 @@ def page(found: dict[str, dict], earlier: dict[str, dict] | None = None) -> str:
     ]
     for name, summary in found.items():
         lines += section(name, summary)
+    if grid:
+        lines += [
+            "## The outer rate, the same for both",
+            "",
+            "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race at one outer rate "
+            "(`--outer-lr`, 0.7 in every table above) given to both: whether the comparison "
+            "above holds when the rate is tuned alike.",
+            "",
+        ]
+        for name, summary in grid.items():
+            lines += _nested(name, summary, "results/grid")
     if earlier:
         lines += [
             "## Earlier races, to a target that did not need synchronization",
@@ -144,10 +169,7 @@ def page(found: dict[str, dict], earlier: dict[str, dict] | None = None) -> str:
             "",
         ]
         for name, summary in earlier.items():
-            lines += [
-                line.replace("## ", "### ", 1) if line.startswith("## ") else line
-                for line in section(name, summary, "results/earlier")
-            ]
+            lines += _nested(name, summary, "results/earlier")
     return "\n".join(lines)
 
 
@@ -232,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     found = results()
     pages = {
-        PAGE: page(found, results(EARLIER)),
+        PAGE: page(found, results(EARLIER), results(GRID)),
         README: with_block(README.read_text(), readme_block(found)),
         ACCURACY_PAGE: accuracy_page(results(ACCURACY)),
     }
