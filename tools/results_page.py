@@ -31,8 +31,8 @@ README = ROOT / "README.md"
 # Races to a target the solo control (no averaging while training) also reached: they rank
 # iteration speed only, and are kept for the record, apart from the current tables.
 EARLIER = RESULTS / "earlier"
-# Races of a setting's grid (the outer rate, one value per race): the same grid for DS-Sync and
-# the method it races, kept apart from the tables above and from the README's block.
+# Races of a setting's grid (the outer rate or the group size, one value per race), given alike
+# to DS-Sync and the method it races; kept apart from the tables above and the README's block.
 GRID = RESULTS / "grid"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -145,11 +145,12 @@ def page(
         lines += section(name, summary)
     if grid:
         lines += [
-            "## The outer rate, the same for both",
+            "## Settings tuned alike",
             "",
-            "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race at one outer rate "
-            "(`--outer-lr`, 0.7 in every table above) given to both: whether the comparison "
-            "above holds when the rate is tuned alike.",
+            "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race with one setting "
+            "given to both: the outer rate (`--outer-lr`, 0.7 in every table above) or DS-Sync's "
+            "group size (`--group-size`, 2 above; DiLoCo averages globally whatever it is). "
+            "Whether the comparison above holds when a setting is tuned.",
             "",
         ]
         for name, summary in grid.items():
