@@ -116,11 +116,17 @@ def accuracy_page(found: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _nested(name: str, summary: dict, folder: str) -> list[str]:
-    return [
-        line.replace("## ", "### ", 1) if line.startswith("## ") else line
-        for line in section(name, summary, folder)
-    ]
+def _part(heading: str, intro: str, races: dict[str, dict] | None, folder: str) -> list[str]:
+    """A part of the page apart from the current tables: its heading, why, and its races."""
+    if not races:
+        return []
+    lines = [f"## {heading}", "", intro, ""]
+    for name, summary in races.items():
+        lines += [
+            line.replace("## ", "### ", 1) if line.startswith("## ") else line
+            for line in section(name, summary, folder)
+        ]
+    return lines
 
 
 def page(
@@ -143,34 +149,28 @@ def page(
     ]
     for name, summary in found.items():
         lines += section(name, summary)
-    if grid:
-        lines += [
-            "## Settings tuned alike",
-            "",
-            "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race with one setting "
-            "given to both: the outer rate (`--outer-lr`, 0.7 in every table above) or DS-Sync's "
-            "group size (`--group-size`, 2 above; DiLoCo averages globally whatever it is). "
-            "Whether the comparison above holds when a setting is tuned.",
-            "",
-        ]
-        for name, summary in grid.items():
-            lines += _nested(name, summary, "results/grid")
-    if earlier:
-        lines += [
-            "## Earlier races, to a target that did not need synchronization",
-            "",
-            "These raced mnist at hidden=2048 to 0.88 in 4 epochs. That target proved too easy: "
-            f"the `{CONTROL}` control (no averaging while training; each evaluation scores the "
-            "average of the workers' models) reached it in 45 steps on loopback where BSP took 39 (`dssync compare "
-            "--workload mnist --workload-option hidden=2048 --workers 8 --seeds 1 --methods "
-            "bsp,local-sgd:every=16,local-sgd:every=100000`, 2026-12-05). So these tables rank "
-            "iteration speed, not how well a method synchronizes: a method that averages less "
-            "often wins whatever it loses in quality. They are kept for the record; the tables "
-            "above replace them.",
-            "",
-        ]
-        for name, summary in earlier.items():
-            lines += _nested(name, summary, "results/earlier")
+    lines += _part(
+        "Settings tuned alike",
+        "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race with one setting "
+        "given to both: the outer rate (`--outer-lr`, 0.7 in every table above) or DS-Sync's "
+        "group size (`--group-size`, 2 above; DiLoCo averages globally whatever it is). "
+        "Whether the comparison above holds when a setting is tuned.",
+        grid,
+        "results/grid",
+    )
+    lines += _part(
+        "Earlier races, to a target that did not need synchronization",
+        "These raced mnist at hidden=2048 to 0.88 in 4 epochs. That target proved too easy: "
+        f"the `{CONTROL}` control (no averaging while training; each evaluation scores the "
+        "average of the workers' models) reached it in 45 steps on loopback where BSP took 39 "
+        "(`dssync compare --workload mnist --workload-option hidden=2048 --workers 8 --seeds 1 "
+        "--methods bsp,local-sgd:every=16,local-sgd:every=100000`, 2026-12-05). So these tables "
+        "rank iteration speed, not how well a method synchronizes: a method that averages less "
+        "often wins whatever it loses in quality. They are kept for the record; the tables "
+        "above replace them.",
+        earlier,
+        "results/earlier",
+    )
     return "\n".join(lines)
 
 
