@@ -122,17 +122,25 @@ def sync_cost(name: str, run: dict) -> list[str]:
         "",
         f"    {meta.get('command', '?')}",
         "",
-        "| parameters | workers | wire | DS-Sync step, ms | raw exchange, ms | step / exchange "
+        "| parameters | workers | wire | DS-Sync step, ms | raw exchange, ms "
+        "| step / exchange (quartiles over the steps) "
         "| encode, ms | step / fp32 exchange |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in run["results"]:
         lines.append(
             f"| {r['numel']:,} | {r['world_size']} | {r['wire']} | {r['dssync_s'] * 1000:.1f} "
-            f"| {r['raw_exchange_s'] * 1000:.1f} | {r['overhead_vs_raw_exchange']:.2f}x "
+            f"| {r['raw_exchange_s'] * 1000:.1f} | {r['overhead_vs_raw_exchange']:.2f}x{_iqr(r)} "
             f"| {r['encode_s'] * 1000:.1f} | {r['overhead_vs_fp32_exchange']:.2f}x |"
         )
     return [*lines, ""]
+
+
+def _iqr(r: dict) -> str:
+    """The per-step ratio's quartiles, where the run recorded them."""
+    if "exchange_q1" not in r:
+        return ""
+    return f" ({r['exchange_q1']:.2f}-{r['exchange_q3']:.2f})"
 
 
 def page(found: dict[str, dict], costs: dict[str, dict] | None = None) -> str:

@@ -192,7 +192,10 @@ def measure(
         times["raw_fp32_exchange"] = times["raw_exchange"]
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = sorted(d / r for d, r in zip(times["dssync"], times["raw"], strict=True))
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    quartiles = _quartiles(ratios)
+    exchange = _quartiles(
+        [d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)]
+    )
     vs_avg = statistics.median(
         d / r for d, r in zip(times["dssync"], times["raw_avg"], strict=True)
     )
@@ -217,14 +220,19 @@ def measure(
         "overhead_of_medians": med["dssync"] / med["raw"],
         "overhead_vs_raw_avg": vs_avg,
         "raw_exchange_s": med["raw_exchange"],
-        "overhead_vs_raw_exchange": statistics.median(
-            d / r for d, r in zip(times["dssync"], times["raw_exchange"], strict=True)
-        ),
+        "overhead_vs_raw_exchange": exchange[1],
+        "exchange_q1": exchange[0],
+        "exchange_q3": exchange[2],
         "raw_fp32_exchange_s": med["raw_fp32_exchange"],
         "overhead_vs_fp32_exchange": statistics.median(
             d / r for d, r in zip(times["dssync"], times["raw_fp32_exchange"], strict=True)
         ),
     }
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    """First quartile, median and third quartile of ``values``."""
+    return statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
 
 
 def _quantile(values: list[float], q: float) -> float:
