@@ -6,6 +6,7 @@ import pytest
 
 from dssync.methods import get_method
 from dssync.train import TrainConfig, run_training
+from dssync.train.auto import TIMED_PASSES
 
 
 @pytest.mark.slow
@@ -53,6 +54,6 @@ def test_on_the_emulated_cluster_ranks_time_their_compute_one_after_another():
     from dssync.launch import spawn
 
     (s0, spans0), (s1, spans1) = spawn(_timed_spans, 2, timeout_s=120)
-    assert s0 == s1 > 0  # the slowest rank's median, the same on both
-    assert len(spans0) == len(spans1) == 4
+    assert s0 == s1 > 0  # the slowest rank's figure, the same on both
+    assert len(spans0) == len(spans1) == TIMED_PASSES + 1  # a warm-up, then the timed passes
     assert max(end for _, end in spans0) < min(start for start, _ in spans1)  # rank 0 first
