@@ -69,6 +69,7 @@ OPTIONS: dict[str, Any] = {
     "fragments": 1,
 }
 OUTERS = ("none", "nesterov")  # --outer: none, or DiLoCo's SGD with Nesterov momentum
+GROUP_SIZE = 2  # ranks per DS-Sync group when --group-size is not given (auto may pick another)
 DEFAULT_WINDOW = 8  # a topology plan's longest gap between crossings when it is not re-planned
 
 
@@ -233,8 +234,14 @@ def _auto(
     if topology is None or not topology.host_mbit:
         topology = detect(probe=True, timeout_s=cfg.timeout_s)
     params = sum(p.numel() for p in module.parameters())
-    c = choose(topology, params, compute_s=0.0, repeat=cfg.replan or DEFAULT_WINDOW)
-    chosen = with_pick(cfg, c.method, c.every, c.outer)
+    c = choose(
+        topology,
+        params,
+        compute_s=0.0,
+        repeat=cfg.replan or DEFAULT_WINDOW,
+        group_size=cfg.group_size,
+    )
+    chosen = with_pick(cfg, c.method, c.every, c.outer, c.group_size)
     return get_method(c.method).build(configure(chosen), module, opt, topology)
 
 
@@ -395,14 +402,16 @@ def get_method(name: str) -> Method:
 
 
 LABEL_SEP = ":"
-_LABEL_KEYS = (*OPTIONS, "outer_lr")
+# What a label may set beyond the OPTIONS, with the type its value takes.
+_LABEL_EXTRA: dict[str, Any] = {"outer_lr": 0.0, "group_size": GROUP_SIZE}
+_LABEL_KEYS = (*OPTIONS, *_LABEL_EXTRA)
 
 
 def split_label(label: str) -> tuple[str, dict[str, Any]]:
     """A method with some of its options set, so that one comparison can race several settings
     of one method: ``"dssync-topo-local:wire=int8:every=16"`` ->
-    ``("dssync-topo-local", {"wire": "int8", "every": 16})``. Keys are the :data:`OPTIONS` and
-    ``outer-lr``; a label's options win over those given to the whole command.
+    ``("dssync-topo-local", {"wire": "int8", "every": 16})``. Keys are the :data:`OPTIONS`,
+    ``outer-lr`` and ``group-size``; a label's options win over those given to the whole command.
 
     Example::
 
@@ -425,7 +434,7 @@ def split_label(label: str) -> tuple[str, dict[str, Any]]:
 
 
 def _option_value(key: str, value: str, label: str) -> Any:
-    default = OPTIONS.get(key, 0.0)
+    default = OPTIONS.get(key, _LABEL_EXTRA.get(key))
     allowed = {"wire": WIRES, "outer": OUTERS, "overlap": ("true", "false")}.get(key)
     if allowed is not None and value.lower() not in allowed:
         raise UsageError(f"{label!r}: {key}={value!r}; choose from {', '.join(allowed)}")
@@ -474,11 +483,17 @@ def configure(cfg: TrainConfig) -> TrainConfig:
             f"{cfg.sync} does not take {flags}; drop it, or use a method that does: "
             f"{', '.join(takers)}"
         )
+    if (
+        method.build is _auto
+    ):  # auto passes on only what was given: its pick's preset fills the rest
+        return replace(cfg, **method.settings)
     filled = {
         k: method.options.get(k, default)
         for k, default in OPTIONS.items()
-        if k in method.takes and getattr(cfg, k) is None and method.build is not _auto
-    }  # auto passes on only what was given: the chosen method's preset fills the rest
+        if k in method.takes and getattr(cfg, k) is None
+    }
+    if cfg.group_size is None:
+        filled["group_size"] = GROUP_SIZE
     return replace(cfg, **method.settings, **filled)
 
 
@@ -494,15 +509,19 @@ def for_method(cfg: TrainConfig, name: str) -> TrainConfig:
     return replace(cfg, sync=base, **{k: None for k in OPTIONS if k not in takes}, **own)
 
 
-def with_pick(cfg: TrainConfig, method: str, every: int | None, outer: str | None) -> TrainConfig:
-    """``cfg`` for ``auto``'s pick: ``method`` (:func:`for_method`), with the pick's ``every``
-    and ``outer`` where the user gave neither (None: the method's own)."""
+def with_pick(
+    cfg: TrainConfig,
+    method: str,
+    every: int | None = None,
+    outer: str | None = None,
+    group_size: int | None = None,
+) -> TrainConfig:
+    """``cfg`` for ``auto``'s pick: ``method`` (:func:`for_method`), with the pick's ``every``,
+    ``outer`` and ``group_size`` where the user gave none of them (None: the method's own)."""
     chosen = for_method(cfg, method)
-    if cfg.every is None and every is not None:
-        chosen = replace(chosen, every=every)
-    if cfg.outer is None and outer is not None:
-        chosen = replace(chosen, outer=outer)
-    return chosen
+    picked = {"every": every, "outer": outer, "group_size": group_size}
+    given = {k: v for k, v in picked.items() if getattr(cfg, k) is None and v is not None}
+    return replace(chosen, **given)
 
 
 def build_strategy(

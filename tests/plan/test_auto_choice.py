@@ -125,3 +125,50 @@ def test_the_report_labels_the_outer_step_only_where_it_is_not_the_methods_own()
     assert picked({**pick, "outer": "none"}) == "dssync-topo-local:every=16"
     assert picked({"method": "diloco", "every": 8, "outer": "nesterov"}) == "diloco:every=8"
     assert picked({"method": "dssync-topo", "every": None}) == "dssync-topo"  # older files
+
+
+def test_racks_of_equal_hosts_average_in_whole_racks_and_a_slow_host_keeps_pairs():
+    from dssync.plan.auto import rack_groups
+
+    two_racks = choose(load_cluster("s2-inter-rack").topology(), MNIST_2048, compute_s=0.018)
+    assert (two_racks.method, two_racks.group_size) == ("dssync-topo-local", 4)
+    assert "groups of a whole rack (4: its hosts are equal)" in two_racks.reason
+    assert choose(load_cluster("s3-slow-host").topology(), MNIST_2048, 0.018).group_size is None
+    assert choose(load_cluster("s1-homogeneous").topology(), MNIST_2048, 0.018).group_size is None
+    hosts = tuple(range(8))
+    slow = Topology(hosts=hosts, racks=(0,) * 4 + (1,) * 4).with_rates(
+        {h: (100.0 if h == 3 else 1000.0) for h in hosts}, 200.0
+    )
+    assert rack_groups(canonical(slow)[0]) is None  # the slow host would hold up its rack
+    pairs_of_hosts = Topology(hosts=(0, 1, 2, 3), racks=(0, 0, 1, 1)).with_rates(
+        dict.fromkeys(range(4), 1000.0), 200.0
+    )
+    assert rack_groups(canonical(pairs_of_hosts)[0]) is None  # a rack of two: pairs already
+
+
+def test_a_given_group_size_is_what_the_pick_runs_and_says():
+    topo = load_cluster("s2-inter-rack").topology()
+    c = choose(topo, MNIST_2048, compute_s=0.018, group_size=2)
+    assert c.group_size == 2 and "groups of 2 (as --group-size says)" in c.reason
+    every_step = choose(topo, MNIST_2048, compute_s=0.018, local=False)
+    assert every_step.group_size is None  # only a local-step pick takes whole racks
+
+
+def test_the_report_labels_a_picked_group_size():
+    from dssync.report.summary import picked
+
+    pick = {"method": "dssync-topo-local", "every": 16, "outer": "nesterov", "group_size": 4}
+    assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov:group-size=4"
+
+
+def test_the_pick_fills_only_the_options_the_user_left_out():
+    from dssync.methods import configure, with_pick
+    from dssync.train import TrainConfig
+
+    left_out = with_pick(TrainConfig(sync="auto"), "dssync-topo-local", 16, "nesterov", 4)
+    assert (left_out.every, left_out.outer, left_out.group_size) == (16, "nesterov", 4)
+    given = with_pick(
+        TrainConfig(sync="auto", group_size=2, every=8), "dssync-topo-local", 16, None, 4
+    )
+    assert (given.every, given.group_size) == (8, 2)
+    assert configure(TrainConfig(sync="dssync")).group_size == 2  # not given, no pick: pairs

@@ -23,17 +23,20 @@ def test_a_resumed_auto_run_keeps_the_pick_of_its_checkpoint(tmp_path):
         checkpoint_every=3,
         outer="none",  # what a fresh choice would not pick for a local-step method
         every=8,
+        group_size=2,
     )
     first = run_training(cfg, workers=2)["auto"]
     assert first["kept_from"] is None
-    assert (first["every"], first["outer"]) == (8, "none"), first  # a local-step pick
+    assert (first["every"], first["outer"], first["group_size"]) == (8, "none", 2), first
     # Resumed without the options: choosing again would give the rule's every and outer step.
-    resumed = run_training(replace(cfg, every=None, outer=None, max_steps=9, resume=True), 2)
+    again = replace(cfg, every=None, outer=None, group_size=None, resume=True)
+    resumed = run_training(replace(again, max_steps=9), 2)
     assert resumed["resumed_from"] == 6
     kept = resumed["auto"]
     assert kept["kept_from"] == 6
-    assert {k: kept[k] for k in ("method", "every", "outer", "reason", "compute_s")} == {
-        k: first[k] for k in ("method", "every", "outer", "reason", "compute_s")
-    }
+    same = ("method", "every", "outer", "group_size", "reason", "compute_s")
+    assert {k: kept[k] for k in same} == {k: first[k] for k in same}
     with pytest.raises(WorkerError, match="would change"):  # --every against the kept pick
-        run_training(replace(cfg, every=4, outer=None, max_steps=12, resume=True), 2)
+        run_training(replace(again, every=4, max_steps=12), 2)
+    with pytest.raises(WorkerError, match="--group-size 1 .the checkpoints' run used 2"):
+        run_training(replace(again, group_size=1, max_steps=12), 2)

@@ -123,9 +123,9 @@ OPTIONS = [
     click.option(
         "--group-size",
         type=click.IntRange(1),
-        default=2,
-        show_default=True,
-        help="Ranks per DS-Sync group.",
+        default=None,
+        help="Ranks per DS-Sync group (default: 2; --sync auto's local-step pick on racks of "
+        "equal hosts: a whole rack).",
     ),
     click.option(
         "--schedule",

@@ -6,8 +6,9 @@ waits for it at most ``timeout_s``; on failure it raises :class:`~dssync.errors.
 what the wait was, which ranks never came (each rank writes a key into the store before it
 starts, so the missing are known at once) and what happened after how long (silent past the
 timeout, or a connection that closed). :func:`gather_objects` gathers a small picklable object
-from every rank (two bounded all_gathers); :func:`slowest` is the largest of every rank's time. Callers pass the side group
-(:func:`dssync.comm.side.side_group`) for CPU metadata.
+from every rank (two bounded all_gathers), :func:`from_first` shares the first rank's (two
+bounded broadcasts), and :func:`slowest` is the largest of every rank's time. Callers pass the
+side group (:func:`dssync.comm.side.side_group`) for CPU metadata.
 
 Example::
 
@@ -82,3 +83,21 @@ def gather_objects(
     return [
         pickle.loads(o[: int(s.item())].numpy().tobytes()) for o, s in zip(out, sizes, strict=True)
     ]
+
+
+def from_first(obj: Any, group: dist.ProcessGroup | None, timeout_s: float, what: str) -> Any:
+    """The ``obj`` (small, picklable) of the group's first rank, on every rank (what the others
+    pass is ignored); bounded like :func:`bounded`."""
+    pg = group if group is not None else dist.group.WORLD
+    src = dist.get_global_rank(pg, 0)
+    first = dist.get_rank() == src
+    data = pickle.dumps(obj) if first else b""
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    bounded(dist.broadcast, size, src, group=pg, timeout_s=timeout_s, what=what)
+    buf = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if first
+        else torch.zeros(int(size.item()), dtype=torch.uint8)
+    )
+    bounded(dist.broadcast, buf, src, group=pg, timeout_s=timeout_s, what=what)
+    return obj if first else pickle.loads(buf.numpy().tobytes())

@@ -8,9 +8,10 @@ rank computes the same choice from the same shared figures, so no further agreem
 A resumed run keeps the pick its checkpoints record (:func:`saved_pick`: rank 0's newest
 checkpoint, shared with every rank) rather than choosing again: a new probe on a busy network
 may pick another method or ``every``, and the run would then continue as a different method
-from the one its checkpoint was written by. ``--every`` or ``--outer`` that would change the
-kept pick are refused. The topology is detected and probed again; a re-planned plan then
-continues from the rates its checkpoint saved (:meth:`dssync.DSSync.load_state_dict`).
+from the one its checkpoint was written by. ``--every``, ``--outer`` or ``--group-size`` that
+would change the kept pick are refused. The topology is detected again, and probed where the
+kept method plans from rates; a re-planned plan then continues from the rates its checkpoint
+saved (:meth:`dssync.DSSync.load_state_dict`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm.clock import clock
-from dssync.comm.meta import bounded, gather_objects, slowest
+from dssync.comm.meta import bounded, from_first, slowest
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
-from dssync.methods import DEFAULT_WINDOW, with_pick
+from dssync.methods import DEFAULT_WINDOW, RATES, get_method, with_pick
 from dssync.topology import Topology, detect
 from dssync.train.checkpoint import (
     CheckpointDamaged,
@@ -43,6 +44,7 @@ from dssync.train.data import RankData
 from dssync.train.device import to_device
 
 AUTO = "auto"
+PICKED = ("every", "outer", "group_size")  # what a pick sets beyond the method, as with_pick takes
 TIMED_PASSES = 5
 
 
@@ -57,6 +59,7 @@ class Decision:
     topology: Topology
     every: int | None = None
     outer: str | None = None
+    group_size: int | None = None
     kept_from: int | None = None  # a resumed run's pick: the checkpoint step it was read from
 
     def to_dict(self) -> dict:
@@ -66,6 +69,7 @@ class Decision:
             "compute_s": self.compute_s,
             "every": self.every,
             "outer": self.outer,
+            "group_size": self.group_size,
             "kept_from": self.kept_from,
         }
 
@@ -126,7 +130,7 @@ def saved_pick(cfg: TrainConfig) -> dict[str, Any] | None:
             pick = _newest_pick(cfg.checkpoint_dir)
         except CheckpointError as e:  # every rank raises it, none waits for rank 0
             pick = {"error": str(e)}
-    pick = gather_objects(pick, side_group(), cfg.timeout_s, "reading auto's pick")[0]
+    pick = from_first(pick, side_group(), cfg.timeout_s, "reading auto's pick")
     if pick is not None and "error" in pick:
         raise CheckpointError(pick["error"])
     return pick
@@ -153,8 +157,9 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
 
     dtype = next(module.parameters()).dtype
     kept = saved_pick(cfg)
-    if kept is not None:
-        topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
+    if kept is not None:  # its links are probed again only when the kept method plans from rates
+        rates = RATES in get_method(kept["method"]).needs
+        topo = detect(probe=rates, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
         return Decision(
             kept["method"],
             kept["reason"],
@@ -162,6 +167,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
             topo,
             kept.get("every"),
             kept.get("outer"),
+            kept.get("group_size"),
             kept_from=kept["step"],
         )
     compute_s = compute_time(data, module, device, cfg.timeout_s)
@@ -171,9 +177,24 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
     repeat = cfg.replan or DEFAULT_WINDOW
     choice = choose(
-        topo, params, compute_s, repeat=repeat, local=local, every=cfg.every, outer=cfg.outer
+        topo,
+        params,
+        compute_s,
+        repeat=repeat,
+        local=local,
+        every=cfg.every,
+        outer=cfg.outer,
+        group_size=cfg.group_size,
     )
-    return Decision(choice.method, choice.reason, compute_s, topo, choice.every, choice.outer)
+    return Decision(
+        choice.method,
+        choice.reason,
+        compute_s,
+        topo,
+        choice.every,
+        choice.outer,
+        choice.group_size,
+    )
 
 
 def resolve(
@@ -181,15 +202,16 @@ def resolve(
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
     options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
-    pick's ``every`` and ``outer`` fill ``--every`` and ``--outer`` when they were not given.
-    The decision records the ``every`` and ``outer`` the run uses (None: the method's own)."""
+    pick's ``every``, ``outer`` and ``group_size`` fill the options not given. The decision
+    records the ones the run uses (None: the method's own)."""
     if cfg.sync != AUTO:
         return cfg, None
     decision = decide(cfg, data, module, device)
     if decision.kept_from is not None:
         clash = [
-            f"--{k} {getattr(cfg, k)} (the checkpoints' run used {_used(decision, k)})"
-            for k in ("every", "outer")
+            f"--{k.replace('_', '-')} {getattr(cfg, k)} "
+            f"(the checkpoints' run used {_used(decision, k)})"
+            for k in PICKED
             if getattr(cfg, k) is not None and getattr(cfg, k) != getattr(decision, k)
         ]
         if clash:
@@ -198,5 +220,5 @@ def resolve(
                 f"which this run's {', '.join(clash)} would change; resume without them, or with "
                 f"--sync {decision.method} and the options you want"
             )
-    chosen = with_pick(cfg, decision.method, decision.every, decision.outer)
-    return chosen, replace(decision, every=chosen.every, outer=chosen.outer)
+    chosen = with_pick(cfg, decision.method, *(getattr(decision, k) for k in PICKED))
+    return chosen, replace(decision, **{k: getattr(chosen, k) for k in PICKED})

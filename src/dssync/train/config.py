@@ -15,6 +15,7 @@ class TrainConfig:
     steps SSP lets the fastest worker run ahead of the slowest (0 is synchronous SGD).
     ``every``, ``replan``, ``overlap`` and ``outer`` are DS-Sync's options (``every`` is also
     local SGD's period); None takes the method's preset (:func:`dssync.methods.configure`).
+    ``group_size`` None is pairs (:data:`dssync.methods.GROUP_SIZE`) unless ``--sync auto`` picks another.
     ``outer_lr`` is the rate of ``outer="nesterov"`` (DiLoCo's 0.7).
     ``stop_at`` ends the run at the first evaluation whose metric reaches it (MLPerf Training's
     stop at the target; the workload says whether higher is better).
@@ -29,7 +30,7 @@ class TrainConfig:
     workload: str = "mnist"
     sync: str = "dssync"
     schedule: str = "shuffle"
-    group_size: int = 2
+    group_size: int | None = None
     repeat: int | None = None
     every: int | None = None
     replan: int | None = None

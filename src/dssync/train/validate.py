@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from dssync.errors import UsageError
+from dssync.methods import GROUP_SIZE
 from dssync.train.checkpoint import any_checkpoints
 from dssync.train.config import TrainConfig
 from dssync.train.device import resolve_device
@@ -14,19 +15,20 @@ from dssync.train.resume import preflight, run_header
 def validate(cfg: TrainConfig, workers: int) -> None:
     """Raise :class:`~dssync.errors.UsageError` for settings that cannot work with ``workers``."""
     world = int(os.environ.get("WORLD_SIZE", workers))
-    if cfg.sync == "dssync" and cfg.schedule != "global" and cfg.group_size > world:
+    size = cfg.group_size or GROUP_SIZE
+    if cfg.sync == "dssync" and cfg.schedule != "global" and size > world:
         raise UsageError(
-            f"--group-size {cfg.group_size} is larger than the {world} workers; "
+            f"--group-size {size} is larger than the {world} workers; "
             f"use a group size from 1 to {world}"
         )
     if (
         cfg.sync in ("dssync", "dssync-static", "dssync-overlap")
         and cfg.schedule in ("shuffle", "static")
-        and world % cfg.group_size
+        and world % size
     ):
         sizes = [k for k in range(1, world + 1) if world % k == 0]
         raise UsageError(
-            f"--group-size {cfg.group_size} does not divide the {world} workers; "
+            f"--group-size {size} does not divide the {world} workers; "
             f"use one of {', '.join(map(str, sizes))}"
         )
     if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
