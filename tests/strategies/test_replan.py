@@ -130,3 +130,41 @@ def test_a_resumed_run_keeps_its_re_planned_groups():
         first_plan, continued, _ = probed
         assert first_plan != planned and "slow=(5,)" in first_plan  # the new probe's own plan
         assert continued == planned  # the saved rates' plan, not the new probe's
+
+
+def _resume_fixed(steps: int):
+    torch.manual_seed(0)
+    sync = DSSync(
+        nn.Linear(4, 2), topology=TOPO, overlap=True
+    )  # a fixed plan (dssync-topo-overlap)
+    for _ in range(steps):
+        sync.step()
+    sync.finish()
+    state = sync.state_dict()
+    planned = sync.schedule.describe()
+    ahead = [sync.schedule.partition(s, 6) for s in range(steps, steps + 8)]
+    # The resumed run's probe finds host 5 slow: its own first plan differs from the saved one.
+    probed = TOPO.with_rates({**{h: 1000.0 for h in range(6)}, 5: 100.0}, 900.0)
+    again = DSSync(nn.Linear(4, 2), topology=probed, overlap=True)
+    first_plan = again.schedule.describe()
+    again.load_state_dict(state)
+    continued = [again.schedule.partition(s, 6) for s in range(steps, steps + 8)]
+    again.step()  # and it averages on the saved plan's groups with the others
+    again.finish()
+    moved = Topology(hosts=(0, 1, 2, 3, 4, 5), racks=(0, 0, 1, 1, 1, 1))  # another placement
+    try:
+        DSSync(nn.Linear(4, 2), topology=moved, overlap=True).load_state_dict(state)
+        refused = ""
+    except UsageError as e:
+        refused = str(e)
+    return planned, ahead, first_plan, again.schedule.describe(), continued, refused
+
+
+def test_a_resumed_fixed_plan_continues_on_its_saved_rates_under_a_new_probe():
+    """It used to be refused: the new probe's plan did not match the saved one."""
+    for planned, ahead, first_plan, resumed, continued, refused in spawn(
+        _resume_fixed, 6, args=(6,), timeout_s=90
+    ):
+        assert first_plan != planned and "slow=(5,)" in first_plan
+        assert resumed == planned and continued == ahead
+        assert "checkpoint was written with schedule" in refused  # another placement still is

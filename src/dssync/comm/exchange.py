@@ -56,7 +56,11 @@ from dssync.errors import PeerLost
 # in 357 ms per step with 1 MB chunks, 249 ms with 16 MB and 257 ms with 4 MB. 4 MB is the
 # compromise: within 1.15x of all_reduce pairs on all three.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
-DEFAULT_WINDOW = 2  # chunks of a pair in their first phase at once
+# Chunks of a pair in their first phase at once. With 2, a pair's step on loopback cost 1.15x a
+# raw whole-buffer exchange at 16M parameters (the pipeline drained between chunks); with 4,
+# 1.01x, and the emulated clusters' iterations stayed as they were (`dssync bench`, 4M
+# parameters, S1-S3, window 2 and 4 twice each, 2026-12-05: docs/bench.md).
+DEFAULT_WINDOW = 4
 # After a collective failed on a closed connection (not a timeout), the members still alive see
 # it fail within milliseconds: the roll call waits this long for their keys, not its full window.
 CLOSED_WINDOW_S = 1.0

@@ -221,6 +221,30 @@ class DSSync(Strategy, Joinable):
             else None
         )
 
+    def _plan_source(self) -> tuple[Topology, dict[str, Any]] | None:
+        """The topology and planner settings this run's plan was made from (None: not planned)."""
+        plan = self.schedule.schedule if isinstance(self.schedule, Fragments) else self.schedule
+        return getattr(plan, "planned_from", None)
+
+    def _replay(self, state: dict[str, Any]) -> bool:
+        """Switch to the fixed plan ``state`` was saved on, made again from its saved rates;
+        False when that cannot give the saved plan (another placement or settings)."""
+        source, saved = self._plan_source(), state.get("planned_rates")
+        if source is None or saved is None:
+            return False
+        topology, settings = source
+        rates = {int(h): float(r) for h, r in saved["host_mbit"].items()}
+        plan: Schedule = plan_topology_aware(
+            topology.with_rates(rates, saved["uplink_mbit"]), **settings
+        )
+        if isinstance(self.schedule, Fragments):
+            plan = Fragments(plan, self.schedule.fragments)
+        if plan.describe() != state.get("schedule"):
+            return False
+        self.schedule, self._planned = plan, plan.describe()
+        self._prepare_cycle()
+        return True
+
     def _tensors(self) -> list[torch.Tensor]:
         tensors = [p for p in self.module.parameters() if p.requires_grad or self.average_frozen]
         if self.average_buffers:
@@ -389,6 +413,12 @@ class DSSync(Strategy, Joinable):
             state["overlap"] = self._overlap.state_dict()
         if self.replanner is not None:
             state["replan"] = self.replanner.state_dict()
+        elif self._plan_source() is not None:  # a fixed plan: the rates it was made from
+            topology = self._plan_source()[0]
+            state["planned_rates"] = {
+                "host_mbit": {str(h): float(r) for h, r in topology.host_mbit.items()},
+                "uplink_mbit": topology.uplink_mbit,
+            }
         if self.wire != "fp32":
             state["wire"] = {"format": self.wire, **self.router.residuals.state_dict()}
         return state
@@ -396,11 +426,12 @@ class DSSync(Strategy, Joinable):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` was saved (every rank loads alike: collective on a re-plan).
 
-        A re-planned run's groups come from the saved rates (the re-planner checks the hosts,
-        racks and settings), not from this run's first plan, which a new probe may have made
-        from other rates."""
+        A topology-aware run's groups come from the saved rates, not from this run's first
+        plan, which a new probe may have made from other rates: a re-planned run's re-planner
+        checks the hosts, racks and settings; a fixed plan is made again from the saved rates
+        with this run's placement and settings, and must come out as the saved one."""
         replanned = self.replanner is not None and "replan" in state
-        if not replanned and state.get("schedule") != self._planned:
+        if not replanned and state.get("schedule") != self._planned and not self._replay(state):
             raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
                 f"{self._planned}; resume with the same --schedule, --group-size, --seed and "
