@@ -172,3 +172,16 @@ def test_the_pick_fills_only_the_options_the_user_left_out():
     )
     assert (given.every, given.group_size) == (8, 2)
     assert configure(TrainConfig(sync="dssync")).group_size == 2  # not given, no pick: pairs
+
+
+def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_size():
+    from dssync.report.summary import picked
+    from dssync.topology import Topology
+    from dssync.train.auto import Decision, _effective
+
+    kept = Decision("dssync-topo-local", "why", 0.01, Topology(hosts=(0, 1), racks=(0, 0)))
+    # None is the method's own: --every 4 and --group-size 2 change nothing the run did
+    assert (_effective(kept, "every"), _effective(kept, "group_size")) == (4, 2)
+    assert _effective(kept, "outer") == "none"
+    diloco = {"method": "diloco", "every": 16, "outer": "nesterov", "group_size": 4}
+    assert picked(diloco) == "diloco:every=16"  # a global average has no groups to size

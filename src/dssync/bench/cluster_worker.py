@@ -168,7 +168,7 @@ def run(
         strategy.finish()  # an overlapped average still in flight completes before the exit
     info["switches"] = getattr(strategy, "switches", [])
     info["host"] = socket.gethostname()
-    info["options"] = {k: getattr(cfg, k) for k in (*OPTIONS, "outer_lr")}
+    info["options"] = {k: getattr(cfg, k) for k in (*OPTIONS, "outer_lr", "group_size")}
     info["group_rank"] = int(os.environ.get("GROUP_RANK", 0))
     info["local_rank"] = int(os.environ.get("LOCAL_RANK", 0))
     (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "records": records, **info}))
@@ -204,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
         cfg = TrainConfig(
             sync=split_label(a.method)[0],
             schedule="shuffle",
-            group_size=2,
             repeat=a.repeat,
             seed=0,
             timeout_s=a.timeout,

@@ -16,7 +16,10 @@ only the slice that crosses the uplink mixes slowly. On S2 this reached mnist's 
 steps on every seed against 99 in pairs, 2.2 s against 3.0 s for DiLoCo in one race
 (docs/time-to-train.md, "Settings tuned alike"). The iteration-time model does not see that
 gain (it is in the steps, not the step), so it is a rule taken from measurement. With a slow host
-the pairs stay: a group of four would wait for it at every average.
+the pairs stay: a group of four would wait for it at every average. A whole-rack group leaves
+no pair beside a rack's crossing rank, so such a plan does not spread its crossings: a pair of
+racks swaps the whole model every few averagings instead of a slice at each (what the S2 and
+S4 races of whole-rack groups ran).
 
 A local-step pick applies DiLoCo's outer step (:data:`OUTER`: SGD with Nesterov momentum on the
 averaged pseudo-gradient) unless ``--outer`` says otherwise: at one average every 16 steps it cut

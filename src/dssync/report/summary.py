@@ -141,7 +141,7 @@ def picked(auto: dict[str, Any]) -> str:
         auto["method"]
         + (f":every={every}" if every else "")
         + (f":outer={outer}" if outer and outer != own else "")
-        + (f":group-size={size}" if size else "")
+        + (f":group-size={size}" if size and auto["method"].startswith("dssync") else "")
     )
 
 

@@ -30,7 +30,7 @@ from dssync.comm.clock import clock
 from dssync.comm.meta import bounded, from_first, slowest
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
-from dssync.methods import DEFAULT_WINDOW, RATES, get_method, with_pick
+from dssync.methods import DEFAULT_WINDOW, GROUP_SIZE, OPTIONS, RATES, get_method, with_pick
 from dssync.topology import Topology, detect
 from dssync.train.checkpoint import (
     CheckpointDamaged,
@@ -136,9 +136,20 @@ def saved_pick(cfg: TrainConfig) -> dict[str, Any] | None:
     return pick
 
 
+def _effective(decision: Decision, option: str) -> Any:
+    """What the kept pick ran for ``option``: its own value, else its method's (pairs for the
+    group size), so ``--every 4`` against a pick that kept its preset's 4 is no change."""
+    value = getattr(decision, option)
+    if value is not None:
+        return value
+    if option == "group_size":
+        return GROUP_SIZE
+    return get_method(decision.method).options.get(option, OPTIONS[option])
+
+
 def _used(decision: Decision, option: str) -> str:
     value = getattr(decision, option)
-    return "its method's own" if value is None else str(value)
+    return f"its method's own, {_effective(decision, option)}" if value is None else str(value)
 
 
 def _newest_pick(folder: str) -> dict[str, Any] | None:
@@ -167,7 +178,8 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
             topo,
             kept.get("every"),
             kept.get("outer"),
-            kept.get("group_size"),
+            # a checkpoint written before auto picked the group size: the size given now stands
+            kept.get("group_size", cfg.group_size),
             kept_from=kept["step"],
         )
     compute_s = compute_time(data, module, device, cfg.timeout_s)
@@ -212,7 +224,7 @@ def resolve(
             f"--{k.replace('_', '-')} {getattr(cfg, k)} "
             f"(the checkpoints' run used {_used(decision, k)})"
             for k in PICKED
-            if getattr(cfg, k) is not None and getattr(cfg, k) != getattr(decision, k)
+            if getattr(cfg, k) is not None and getattr(cfg, k) != _effective(decision, k)
         ]
         if clash:
             raise UsageError(
