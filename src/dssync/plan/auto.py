@@ -12,8 +12,8 @@ measure up to 16). Past that share, averaging less often saves little time and r
 On racks of equal hosts (two racks or more, no host probed slower than :data:`PROBE_NOISE`
 allows), a topology-aware local-step pick averages in groups of a whole rack
 (:func:`rack_groups`), not in pairs: the rack's members then agree exactly at each average and
-only the slice that crosses the uplink mixes slowly. On S2 this reached mnist's target in 72
-steps on every seed against 99 in pairs, 2.2 s against 3.0 s for DiLoCo in one race
+only what crosses the uplink mixes slowly. On S2 this reached mnist's target in 72
+steps on every seed against 72-108 in pairs, 2.2 s against 3.0 s for DiLoCo on int8 in one race
 (docs/time-to-train.md, "Settings tuned alike"). The iteration-time model does not see that
 gain (it is in the steps, not the step), so it is a rule taken from measurement. With a slow host
 the pairs stay: a group of four would wait for it at every average. A whole-rack group leaves
