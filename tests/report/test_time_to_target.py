@@ -24,7 +24,11 @@ def test_first_evaluation_at_or_past_the_target_counts():
         time_to_target(EVALS, "accuracy", 0.85, higher_is_better=True) == 6.0
     )  # the dip at 4 s does not
     assert time_to_target(EVALS, "accuracy", 0.95, higher_is_better=True) is None
-    assert reach(EVALS, "accuracy", 0.85, True) == {"time_s": 6.0, "step": 40}
+    assert reach(EVALS, "accuracy", 0.85, True) == {
+        "time_s": 6.0,
+        "step": 40,
+        "averaged_time_s": None,  # results written before the final average was recorded
+    }
 
 
 def test_lower_is_better_metrics_count_from_above():
@@ -121,12 +125,31 @@ def test_the_band_is_the_median_and_range_of_the_seeds_where_all_have_data():
     assert band([], "accuracy", "time_s") == ([], [], [], [])
 
 
+def test_the_final_average_is_charged_beside_the_time_to_target(tmp_path):
+    charged = _method(0.2)
+    for run in charged:  # each evaluation's global average took 0.5 s on the slowest rank
+        for e in run["evals"]:
+            e["averaged_time_s"] = e["time_s"] + 0.5
+    s = summarize({"bsp": _method(1.0), "dssync": charged}, 0.9, source="declared")
+    ds = s["methods"]["dssync"]
+    assert ds["times_with_average_s"] == pytest.approx([1.1, 1.3, 1.5])
+    assert ds["time_with_average"] == pytest.approx({"median": 1.3, "min": 1.1, "max": 1.5})
+    assert ds["time_to_target"]["median"] == pytest.approx(0.8)  # the primary figure is unchanged
+    assert s["methods"]["bsp"]["time_with_average"] is None  # not recorded in its evaluations
+    meta = {"workload": "mnist", "workers": 8, "seeds": [0, 1, 2], "epochs": 4, "where": "here"}
+    write_markdown(tmp_path / "s.md", s, meta)
+    assert (
+        "| dssync | 3/3 | 0.8 (0.6-1.0) | 1.3 (1.1-1.5) | 40 (30-50) |"
+        in (tmp_path / "s.md").read_text()
+    )
+
+
 def test_the_markdown_report_carries_ranges_ratios_and_verdicts(tmp_path):
     s = summarize({"bsp": _method(1.0), "dssync": _method(0.2, reached=2)}, 0.9, source="declared")
     meta = {"workload": "mnist", "workers": 8, "seeds": [0, 1, 2], "epochs": 4, "where": "here"}
     write_markdown(tmp_path / "s.md", s, meta)
     text = (tmp_path / "s.md").read_text()
-    assert "| bsp | 3/3 | 4.0 (3.0-5.0) | 40 (30-50) | 1.00 |" in text
+    assert "| bsp | 3/3 | 4.0 (3.0-5.0) | n/a | 40 (30-50) | 1.00 |" in text
     assert "| dssync | 2/3 | 0.7 (0.6-0.8) |" in text
     assert "(1 of 3 seeds never reached it)" in text
     assert not math.isnan(s["methods"]["dssync"]["time_to_target"]["median"])

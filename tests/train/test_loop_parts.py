@@ -10,7 +10,13 @@ from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.train.config import TrainConfig
 from dssync.train.data import epoch_batches, steps_per_epoch
 from dssync.train.device import Clock, backend_for, resolve_device, to_device
-from dssync.train.loop import LOST_PEER_ERRORS, checkpoint_due, evaluation_due, lost_peer
+from dssync.train.loop import (
+    LOST_PEER_ERRORS,
+    checkpoint_due,
+    evaluation_due,
+    lost_peer,
+    warm_up,
+)
 
 
 class _Pair:
@@ -64,3 +70,30 @@ def test_device_choice_and_placement():
     assert isinstance(moved, tuple) and isinstance(moved[1], list) and moved[3] == 3
     clock = Clock(torch.device("cpu"))
     assert clock.now() <= clock.now()
+
+
+class _Drop:
+    """A batch-norm and dropout model: its forward changes buffers and draws random numbers."""
+
+    def loss(self, module, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(module(x), y)
+
+
+def test_the_warm_up_leaves_the_model_its_gradients_and_the_random_streams_as_they_were():
+    torch.manual_seed(3)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)
+    )
+    batch = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    rng = torch.get_rng_state()
+    warm_up(_Drop(), module, batch, torch.device("cpu"))
+    after = module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running stats restored
+    assert int(after["1.num_batches_tracked"]) == 0
+    assert all(p.grad is None for p in module.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+    # It did run: without the restore, batch norm's statistics would have moved.
+    _Drop().loss(module, batch).backward()
+    assert not torch.equal(module.state_dict()["1.running_mean"], before["1.running_mean"])

@@ -22,3 +22,5 @@ def test_a_run_stops_at_its_first_evaluation_at_the_target():
     stopped = run_training(replace(base, stop_at=target), workers=2)
     assert stopped["steps"] == full["evals"][first]["step"] < full["steps"]
     assert [e["accuracy"] for e in stopped["evals"]] == accs[: first + 1]  # same run, cut short
+    # Each evaluation also says when the global average it evaluated was done on every rank.
+    assert all(e["averaged_time_s"] > e["time_s"] >= e["rank_time_s"] for e in full["evals"])

@@ -42,13 +42,19 @@ CONTROL = "solo"
 def reach(
     evals: list[dict[str, Any]], metric: str, target: float, higher_is_better: bool
 ) -> dict[str, float] | None:
-    """``{"time_s", "step"}`` of the first evaluation at or past ``target`` (None if none was)."""
+    """``{"time_s", "step", "averaged_time_s"}`` of the first evaluation at or past ``target``
+    (None if none was); ``averaged_time_s`` is None in results written before it was recorded."""
     for e in evals:
         value = e.get(metric)
         if value is None:
             continue
         if (value >= target) if higher_is_better else (value <= target):
-            return {"time_s": float(e["time_s"]), "step": int(e["step"])}
+            averaged = e.get("averaged_time_s")
+            return {
+                "time_s": float(e["time_s"]),
+                "step": int(e["step"]),
+                "averaged_time_s": None if averaged is None else float(averaged),
+            }
     return None
 
 
@@ -107,6 +113,10 @@ def method_summary(
         "times_to_target_s": times,
         "steps_to_target": [h["step"] if h else None for h in hits],
         "time_to_target": spread(times),
+        # The same with the global average that makes the evaluated model (eval_record's
+        # averaged_time_s): what a run stopped at the target pays for its model.
+        "times_with_average_s": [h["averaged_time_s"] if h else None for h in hits],
+        "time_with_average": spread([h["averaged_time_s"] if h else None for h in hits]),
         "steps_to_target_spread": spread([h["step"] if h else None for h in hits]),
         "seeds_reaching_target": sum(h is not None for h in hits),
         "final_metric": statistics.median(finals),
@@ -158,6 +168,8 @@ def _all_failed(failed: list[dict[str, Any]], target: float | None) -> dict[str,
         "times_to_target_s": [None] * n,
         "steps_to_target": [None] * n,
         "time_to_target": None,
+        "times_with_average_s": [None] * n,
+        "time_with_average": None,
         "steps_to_target_spread": None,
         "seeds_reaching_target": 0,
         "final_metric": None,

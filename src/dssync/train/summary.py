@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,21 @@ def eval_record(
     average (rank 0 alone would leave the others waiting in a collective bounded by
     ``timeout_s`` for as long as a large model's evaluation takes). A rank missing past
     ``timeout_s`` raises PeerLost.
+
+    The evaluated model exists on no rank until that global average is taken, so
+    ``averaged_time_s`` adds its cost: the latest any rank finished it, on the training clock
+    (``t`` plus the rank's seconds in the average). A user who stopped there would pay it once
+    (``average_all()``); where the replicas are equal it costs only the buffers' average.
     """
-    metrics = evaluate(wl, averaged_copy(module, not equal, timeout_s), test_set)
+    began = time.perf_counter()
+    average = averaged_copy(module, not equal, timeout_s)
+    averaging = time.perf_counter() - began
+    metrics = evaluate(wl, average, test_set)
     return {
         "step": step,
         "epoch": epoch,
         "time_s": slowest(t, timeout_s),
+        "averaged_time_s": slowest(t + averaging, timeout_s),
         "rank_time_s": t,
         **{
             k: float(v)
