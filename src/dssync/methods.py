@@ -483,9 +483,8 @@ def configure(cfg: TrainConfig) -> TrainConfig:
             f"{cfg.sync} does not take {flags}; drop it, or use a method that does: "
             f"{', '.join(takers)}"
         )
-    if (
-        method.build is _auto
-    ):  # auto passes on only what was given: its pick's preset fills the rest
+    # auto passes on only what was given: its pick's preset fills the rest.
+    if method.build is _auto:
         return replace(cfg, **method.settings)
     filled = {
         k: method.options.get(k, default)

@@ -164,11 +164,9 @@ def test_a_worker_stopped_for_15_s_is_survived(tmp_path):
 
 def test_a_worker_stopped_past_the_timeout_is_named_by_the_survivors(tmp_path):
     timeout_s = 10
-    # No evaluation mid-run: a stop that lands inside an evaluation's whole-group average
-    # (all-reduce) leaves the survivors unable to say which member is missing. That wait is
-    # bounded by the run's timeout_s and raises PeerLost without a name; the evaluation's
-    # timing names the missing (tests/train/test_eval_bounded.py).
-    with chaos_run(tmp_path, config(timeout_s=timeout_s, eval_every=10_000)) as run:
+    # Evaluations on: a stop that lands inside an evaluation's global average is named by its
+    # roll call as one inside an exchange is (it used to be nameless there).
+    with chaos_run(tmp_path, config(timeout_s=timeout_s)) as run:
         run.wait_for_step(FAULT_STEP)
         pid, rank = run.worker(FAULTY_HOST)
         os.kill(pid, signal.SIGSTOP)  # for 60 s, unless the run ends first (it must)

@@ -114,6 +114,37 @@ def test_a_partner_that_exited_is_reported_as_gone_and_after_how_long(tmp_path):
     assert "it exited or crashed" in message and "silent" not in message, message
 
 
+def _stops_mid_transfer(out_dir: str) -> None:
+    """Rank 2 sends its tag, then stops before its data (as a process stopped mid-transfer)."""
+    import torch
+
+    from dssync.comm import average_tensors
+
+    if dist.get_rank() == 2:
+        posted = dist.all_reduce
+
+        def stop_before_data(t, *args, **kwargs):
+            if t.dtype != torch.int64:  # the tag went; the data does not, for 8 s
+                time.sleep(8)
+            return posted(t, *args, **kwargs)
+
+        dist.all_reduce = stop_before_data
+    tensors = [torch.ones(1000)]
+    _write(out_dir, **_outcome(lambda: average_tensors(tensors, None, 3, timeout_s=3)))
+    _leave_when_all_wrote(out_dir)
+
+
+def test_a_member_that_stops_mid_transfer_in_a_global_average_is_named(tmp_path):
+    """An evaluation's global average used to say only that every member came, then it stalled."""
+    with pytest.raises(WorkerError):
+        spawn(_stops_mid_transfer, 3, args=(str(tmp_path),), timeout_s=90, collective_timeout_s=60)
+    for report in _reports(tmp_path, 3)[:2]:
+        assert report["kind"] == "PeerLost", report
+        message = report["message"]
+        assert "rank 2 came, then stopped answering mid-transfer" in message, message
+        assert "past timeout_s=3" in message, message
+
+
 def test_not_initialized_says_the_script_must_create_the_group():
     if dist.is_initialized():
         pytest.skip("a process group exists in this process")
@@ -130,3 +161,5 @@ def test_a_wait_every_member_reached_says_whether_it_stalled_or_broke():
     broke = lost([], silent=False, waited=0.3, timeout_s=10)
     assert "failed after 0.3 s (a connection broke)" in broke
     assert "rank 2 never came: silent" in lost([2], silent=True, waited=10.0, timeout_s=10)
+    stopped = lost([2], silent=True, waited=10.0, timeout_s=10, came=True)
+    assert "rank 2 came, then stopped answering mid-transfer" in stopped

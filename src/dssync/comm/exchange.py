@@ -94,6 +94,7 @@ def wait(
     peers: list[int] | None = None,
     roll: RollCall | None = None,
     what: str | None = None,
+    came: bool = False,
 ) -> None:
     """Wait for ``work`` until ``deadline`` (monotonic seconds); raise PeerLost if it fails.
 
@@ -102,7 +103,8 @@ def wait(
     wait was (``what``, else the tag), who was missing, and what happened after how long: a
     wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
     came, a transfer that stalled); one that failed sooner met a closed connection (the peer
-    exited or crashed).
+    exited or crashed). ``came``: every member had come (their tags were checked), so a rank
+    the roll call misses stopped mid-transfer rather than never came.
     """
     if work is None:
         return
@@ -115,7 +117,8 @@ def wait(
         if peers is None and roll is not None:  # after a closed connection the others are quick
             peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S)
         raise PeerLost(
-            f"{what or tag.describe()} in group {group}: {lost(peers, silent, waited, timeout_s)}; "
+            f"{what or tag.describe()} in group {group}: "
+            f"{lost(peers, silent, waited, timeout_s, came)}; "
             f"cause: {type(e).__name__}",
             step=tag.step,
             group=group,
@@ -123,9 +126,12 @@ def wait(
         ) from e
 
 
-def lost(peers: list[int] | None, silent: bool, waited: float, timeout_s: float) -> str:
+def lost(
+    peers: list[int] | None, silent: bool, waited: float, timeout_s: float, came: bool = False
+) -> str:
     """Who was missing and what happened: silent past the timeout, or a connection closed; when
-    every member came (``peers == []``): a stall past the timeout, or a broken connection."""
+    every member came (``peers == []``): a stall past the timeout, or a broken connection.
+    ``came``: the missing ranks had come, then stopped answering mid-transfer."""
     if peers == [] and silent:
         return (
             f"every member reached it, then it stalled for {waited:.1f} s, past timeout_s="
@@ -138,6 +144,11 @@ def lost(peers: list[int] | None, silent: bool, waited: float, timeout_s: float)
         if peers and len(peers) == 1
         else (f"ranks {peers}" if peers else "some rank of the group")
     )
+    if silent and came and peers:
+        return (
+            f"{who} came, then stopped answering mid-transfer: silent for {waited:.1f} s, past "
+            f"timeout_s={timeout_s:g} (stopped, hung, or cut off from the others)"
+        )
     if silent:
         return (
             f"{who} never came: silent for {waited:.1f} s, past timeout_s={timeout_s:g} "
@@ -389,7 +400,7 @@ def collective_average(
     check_signed(tag, signed, group)  # reads the tags on the host: on a GPU too, they are in
     arrived = time.perf_counter()
     for w in works[1:]:
-        wait(w, deadline, tag, group, timeout_s, roll=roll)
+        wait(w, deadline, tag, group, timeout_s, roll=roll, came=True)
     return arrived
 
 
@@ -424,9 +435,11 @@ def average_tensors(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     timeout_s: float = 120.0,
 ) -> None:
-    """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded)."""
+    """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded;
+    a rank missing past ``timeout_s`` is named)."""
     flats = pack(tensors, bucket_bytes)
     buffers = [f for f, _ in flats]
     members = list(range(group_size))
-    collective_average(buffers, group, members, Tag(ALL, -1, layout_of(buffers)), timeout_s)
+    tag = Tag(ALL, -1, layout_of(buffers))
+    collective_average(buffers, group, members, tag, timeout_s, RollCall(group))
     unpack(flats)

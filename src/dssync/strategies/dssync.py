@@ -39,7 +39,7 @@ from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
 from dssync.strategies.outer import Outer, OuterFactory
 from dssync.strategies.overlap import Overlap
-from dssync.strategies.replan import Replanner
+from dssync.strategies.replan import Replanner, plan_again
 from dssync.topology import Topology
 
 
@@ -234,11 +234,8 @@ class DSSync(Strategy, Joinable):
             return False
         topology, settings = source
         rates = {int(h): float(r) for h, r in saved["host_mbit"].items()}
-        plan: Schedule = plan_topology_aware(
-            topology.with_rates(rates, saved["uplink_mbit"]), **settings
-        )
-        if isinstance(self.schedule, Fragments):
-            plan = Fragments(plan, self.schedule.fragments)
+        fragments = self.schedule.fragments if isinstance(self.schedule, Fragments) else 1
+        plan = plan_again(topology.with_rates(rates, saved["uplink_mbit"]), settings, fragments)
         if plan.describe() != state.get("schedule"):
             return False
         self.schedule, self._planned = plan, plan.describe()
@@ -413,8 +410,8 @@ class DSSync(Strategy, Joinable):
             state["overlap"] = self._overlap.state_dict()
         if self.replanner is not None:
             state["replan"] = self.replanner.state_dict()
-        elif self._plan_source() is not None:  # a fixed plan: the rates it was made from
-            topology = self._plan_source()[0]
+        elif (source := self._plan_source()) is not None:  # a fixed plan: its rates
+            topology = source[0]
             state["planned_rates"] = {
                 "host_mbit": {str(h): float(r) for h, r in topology.host_mbit.items()},
                 "uplink_mbit": topology.uplink_mbit,

@@ -84,8 +84,7 @@ class Replanner:
         )
 
     def plan(self, topology: Topology) -> Schedule:
-        plan = plan_topology_aware(topology, **self.settings)
-        return Fragments(plan, self.fragments) if self.fragments != 1 else plan
+        return plan_again(topology, self.settings, self.fragments)
 
     def timed(self, sync: Any, group: list[int], part: Part = WHOLE) -> None:
         """Average with the group, timing only the transfer (the device's work included).
@@ -157,6 +156,14 @@ class Replanner:
         self._cross = [float(t) for t in state["cross"]]
         self.switches = [(int(s), str(d)) for s, d in state["switches"]]
         self._switch(sync)
+
+
+def plan_again(topology: Topology, settings: dict[str, Any], fragments: int = 1) -> Schedule:
+    """The plan :func:`plan_topology_aware` makes for ``topology`` with the ``settings`` a plan
+    remembers (``planned_from``), in ``fragments`` fragments when more than one: a re-plan, and
+    a resumed fixed plan made again from its saved rates."""
+    plan = plan_topology_aware(topology, **settings)
+    return Fragments(plan, fragments) if fragments != 1 else plan
 
 
 def own_stats(local: list[float], cross: list[float]) -> list[float]:
