@@ -144,10 +144,16 @@ def lost(
         if peers and len(peers) == 1
         else (f"ranks {peers}" if peers else "some rank of the group")
     )
-    if silent and came and peers:
+    if came and silent:
         return (
             f"{who} came, then stopped answering mid-transfer: silent for {waited:.1f} s, past "
             f"timeout_s={timeout_s:g} (stopped, hung, or cut off from the others)"
+        )
+    if came:
+        return (
+            f"{who} came, then went missing mid-transfer: the group's connections closed "
+            f"after {waited:.1f} s of timeout_s={timeout_s:g} (it exited or crashed, or another "
+            "member gave up on it)"
         )
     if silent:
         return (
@@ -434,12 +440,14 @@ def average_tensors(
     group_size: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     timeout_s: float = 120.0,
-) -> None:
+) -> float:
     """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded;
-    a rank missing past ``timeout_s`` is named)."""
+    a rank missing past ``timeout_s`` is named). Returns when every member had come
+    (``time.perf_counter``, as :func:`collective_average`)."""
     flats = pack(tensors, bucket_bytes)
     buffers = [f for f, _ in flats]
     members = list(range(group_size))
     tag = Tag(ALL, -1, layout_of(buffers))
-    collective_average(buffers, group, members, tag, timeout_s, RollCall(group))
+    arrived = collective_average(buffers, group, members, tag, timeout_s, RollCall(group))
     unpack(flats)
+    return arrived

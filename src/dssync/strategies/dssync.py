@@ -234,8 +234,9 @@ class DSSync(Strategy, Joinable):
             return False
         topology, settings = source
         rates = {int(h): float(r) for h, r in saved["host_mbit"].items()}
-        fragments = self.schedule.fragments if isinstance(self.schedule, Fragments) else 1
-        plan = plan_again(topology.with_rates(rates, saved["uplink_mbit"]), settings, fragments)
+        plan = plan_again(topology.with_rates(rates, saved["uplink_mbit"]), settings)
+        if isinstance(self.schedule, Fragments):  # wrapped as before, Fragments(plan, 1) too
+            plan = Fragments(plan, self.schedule.fragments)
         if plan.describe() != state.get("schedule"):
             return False
         self.schedule, self._planned = plan, plan.describe()

@@ -9,6 +9,7 @@ small named piece in this package (``data``, ``lr``, ``swa``, ``state``, ``summa
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,7 +59,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     rates = rate_schedule(cfg, data, optimizer, total, phase)
     saver = checkpointer(cfg, data, strategy, optimizer, rank, world, decision)
     run, phase.average = restore(cfg, saver)
-    warm_up(data.wl, strategy.module, to_device(data.sample(), device), device)
+    warm_up(data.wl, strategy.module, lambda: to_device(data.sample(), device), device)
     hook.started(rank, strategy)
     clock = Clock(device)
     progress = Progress.of(cfg, rank, total, run.step, data.steps_per_epoch)
@@ -140,18 +141,24 @@ class SWAPhase:
 
 
 def warm_up(
-    wl: Workload, module: nn.Module, batch: Any, device: torch.device, passes: int = 2
+    wl: Workload,
+    module: nn.Module,
+    sample: Callable[[], Any],
+    device: torch.device,
+    passes: int = 2,
 ) -> None:
     """Forward and backward ``passes`` times before the clock starts, and leave no trace.
 
     A process's first passes pay once for what later ones reuse (memory, autograd's set-up):
     162 ms against 20-24 ms for the steps after it, measured on rank 0 of an emulated S2 host.
     ``--sync auto`` runs such passes anyway to time the compute, so without this every other
-    method started its clock cold beside it. The module's buffers (batch norm's statistics), its
-    gradients and the random streams are as they were: the run is the same with or without.
+    method started its clock cold beside it. ``sample()`` gives the batch. The module's buffers
+    (batch norm's statistics), its gradients and the random streams are as they were: the run is
+    the same with or without.
     """
     buffers = [b.detach().clone() for b in module.buffers()]
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        batch = sample()  # a data loader draws its seed from the random stream: inside the fork
         for _ in range(passes):
             wl.loss(module, batch).backward()
     module.zero_grad(set_to_none=True)

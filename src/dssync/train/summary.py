@@ -12,7 +12,6 @@ import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from dssync.comm import average_tensors, consensus_distance, meta
 from dssync.comm.averager import DEFAULT_TIMEOUT_S
+from dssync.comm.clock import clock
 from dssync.comm.meta import gather_objects
 from dssync.comm.side import side_group
 from dssync.methods import configure
@@ -45,14 +45,23 @@ def averaged_copy(
     (:attr:`dssync.strategies.Strategy.replicas_equal`). A rank missing past ``timeout_s``
     raises :class:`~dssync.errors.PeerLost`.
     """
+    return timed_average(module, parameters, timeout_s)[0]
+
+
+def timed_average(
+    module: nn.Module, parameters: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> tuple[nn.Module, float]:
+    """:func:`averaged_copy`, and the seconds its transfer took on this rank: from when every
+    rank had come (waiting for a late one is not counted) until the mean was in (0 when there
+    was nothing to average)."""
     avg = copy.deepcopy(module)
     tensors = [p for p in avg.parameters()] if parameters else []
     tensors += [b for b in avg.buffers() if b.is_floating_point()]
     if not tensors:
-        return avg
+        return avg, 0.0
     with torch.no_grad():
-        average_tensors(tensors, None, dist.get_world_size(), timeout_s=timeout_s)
-    return avg
+        came = average_tensors(tensors, None, dist.get_world_size(), timeout_s=timeout_s)
+    return avg, clock(tensors[0].device) - came
 
 
 def model_digest(module: nn.Module) -> str:
@@ -97,19 +106,19 @@ def eval_record(
     ``timeout_s`` raises PeerLost.
 
     The evaluated model exists on no rank until that global average is taken, so
-    ``averaged_time_s`` adds its cost: the latest any rank finished it, on the training clock
-    (``t`` plus the rank's seconds in the average). A user who stopped there would pay it once
+    ``averaged_time_s`` adds its cost to ``time_s``: the longest any rank spent in its transfer,
+    counted from when every rank had come (so another rank's evaluation or checkpoint, which
+    the training clock leaves out, is not charged). A user who stopped there would pay it once
     (``average_all()``); where the replicas are equal it costs only the buffers' average.
     """
-    began = time.perf_counter()
-    average = averaged_copy(module, not equal, timeout_s)
-    averaging = time.perf_counter() - began
+    average, transfer = timed_average(module, not equal, timeout_s)
     metrics = evaluate(wl, average, test_set)
+    slowest_t = slowest(t, timeout_s)
     return {
         "step": step,
         "epoch": epoch,
-        "time_s": slowest(t, timeout_s),
-        "averaged_time_s": slowest(t + averaging, timeout_s),
+        "time_s": slowest_t,
+        "averaged_time_s": slowest_t + slowest(transfer, timeout_s),
         "rank_time_s": t,
         **{
             k: float(v)
