@@ -151,10 +151,11 @@ def page(
         f"A target must need synchronization: the `{CONTROL}` control trains without averaging, "
         "and a table whose control reaches the target says so in its first verdict.",
         "",
-        'Races run since 2026-12-05 (the tables with a column "with the final average") '
+        'Races of commit 0b42694 or later (the tables with a column "with the final average") '
         "differ in two ways. Every run first makes two untimed forward and backward passes, as "
-        "`--sync auto` did anyway to time the compute: a process's first step cost 162 ms "
-        "against 20-24 ms for the next ones. And the evaluated model, the global average of "
+        "`--sync auto` did anyway to time the compute: on an emulated S2 host a DS-Sync run's "
+        "first step computed for 162.8 ms and its second for 70.7 ms, against a median of "
+        "24.8 ms after. And the evaluated model, the global average of "
         "the ranks' parameters, exists on no rank while their replicas differ: that column adds "
         "what taking it cost at the evaluation that reached the target, which a run stopped "
         "there would pay once for its model (BSP's replicas are equal: nothing to add).",
