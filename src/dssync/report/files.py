@@ -168,7 +168,8 @@ def write_markdown(path: Path, summary: dict[str, Any], meta: dict[str, Any]) ->
         "The evaluated model is the global average of the ranks' parameters, which no rank holds "
         'while their replicas differ: "with the final average" adds what taking that average '
         "cost at the evaluation that reached the target (the slowest rank's training time plus "
-        "its seconds in the average), what a run stopped there pays once for its model.",
+        "the longest transfer of that average, counted from when every rank had come), what a "
+        "run stopped there pays once for its model.",
         "",
         f"![{metric} against time](metric_vs_time.png)",
         f"![{metric} against iterations](metric_vs_step.png)",
