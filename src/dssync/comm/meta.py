@@ -61,9 +61,16 @@ def bounded(
 
 def slowest(seconds: float, group: dist.ProcessGroup | None, timeout_s: float, what: str) -> float:
     """The largest of every rank's ``seconds`` (a bounded MAX all_reduce, like :func:`bounded`)."""
-    t = torch.tensor([seconds], dtype=torch.float64)
+    return largest([seconds], group, timeout_s, what)[0]
+
+
+def largest(
+    values: list[float], group: dist.ProcessGroup | None, timeout_s: float, what: str
+) -> list[float]:
+    """Each of ``values``' largest over every rank, in one bounded MAX all_reduce."""
+    t = torch.tensor(values, dtype=torch.float64)
     bounded(dist.all_reduce, t, op=dist.ReduceOp.MAX, group=group, timeout_s=timeout_s, what=what)
-    return float(t.item())
+    return t.tolist()
 
 
 def gather_objects(

@@ -34,6 +34,9 @@ from dssync.train.state import RunState
 from dssync.train.swa import WeightAverage, recompute_batch_norm
 from dssync.workloads import Workload
 
+# What a bounded wait for the evaluation's timings says it was waiting for.
+EVAL_TIMING = "the evaluation's timing (slowest rank)"
+
 
 def averaged_copy(
     module: nn.Module, parameters: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
@@ -83,7 +86,7 @@ def evaluate(wl: Workload, module: nn.Module, data) -> dict[str, float]:
 def slowest(seconds: float, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
     """The largest of every rank's ``seconds`` (collective; metadata through the side group);
     PeerLost, not the backend's error, when a rank is missing past ``timeout_s``."""
-    return meta.slowest(seconds, side_group(), timeout_s, "the evaluation's timing (slowest rank)")
+    return meta.slowest(seconds, side_group(), timeout_s, EVAL_TIMING)
 
 
 def eval_record(
@@ -113,12 +116,12 @@ def eval_record(
     """
     average, transfer = timed_average(module, not equal, timeout_s)
     metrics = evaluate(wl, average, test_set)
-    slowest_t = slowest(t, timeout_s)
+    slowest_t, longest = meta.largest([t, transfer], side_group(), timeout_s, EVAL_TIMING)
     return {
         "step": step,
         "epoch": epoch,
         "time_s": slowest_t,
-        "averaged_time_s": slowest_t + slowest(transfer, timeout_s),
+        "averaged_time_s": slowest_t + longest,
         "rank_time_s": t,
         **{
             k: float(v)
