@@ -210,3 +210,43 @@ def test_each_host_runs_the_documented_multi_node_command():
         "--rdzv-id": "job",
     }
     assert argv[-3:] == ["-m", "dssync", "train"]
+
+
+def test_runs_in_one_launch_equal_fresh_ones_and_a_failed_run_is_skipped():
+    # One torchrun launch makes several runs; a run that fails ends that launch, is reported as
+    # failed, and a new launch makes the rest. A run repeated later in the same processes is the
+    # run a fresh process made: its losses and final model are the same, bit for bit.
+    from dataclasses import replace
+
+    from dssync.experiments.runners import ClusterRunner, RunFailed
+    from dssync.train.config import TrainConfig
+
+    base = TrainConfig(
+        workload="mnist", sync="bsp", epochs=1, max_steps=4, progress=False, timeout_s=60
+    )
+    cfgs = [
+        base,
+        replace(base, sync="dssync", seed=1),
+        base,  # in the same processes as the first
+        replace(base, workload="nosuch"),  # refused in the worker: that run fails
+        replace(base, sync="dssync", seed=1),  # in a new launch
+    ]
+    with Cluster(load_cluster("tiny")) as cluster:
+        launches = []
+        launch = cluster.launch
+
+        def counted(argv, **kwargs):
+            launches.append(argv)
+            return launch(argv, **kwargs)
+
+        cluster.launch = counted
+        outcomes = list(ClusterRunner(cluster, timeout_s=120).run_all(cfgs))
+    first, other, again, failed, after = outcomes
+    assert isinstance(failed, RunFailed) and "nosuch" in str(failed), str(failed)[:500]
+    assert [a[-2] for a in launches] == ["--runs", "--runs"]  # before the failure, and after
+    assert first["sync"] == "bsp" and other["sync"] == "dssync" and again["steps"] == 4
+    assert [e["loss"] for e in again["log"]] == [e["loss"] for e in first["log"]]
+    assert again["final_model_sha256"] == first["final_model_sha256"]
+    assert other["final_model_sha256"] != first["final_model_sha256"]
+    assert after["final_model_sha256"] == other["final_model_sha256"]
+    assert_gone(cluster.prefix)

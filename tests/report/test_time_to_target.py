@@ -176,12 +176,10 @@ def test_a_failed_run_counts_as_a_seed_that_never_reached_the_target(tmp_path):
 
 def test_compare_records_a_failed_run_and_goes_on():
     from dssync.experiments.compare import compare
-    from dssync.experiments.runners import RunFailed
+    from dssync.experiments.runners import RunFailed, Runner
     from dssync.train.config import TrainConfig
 
-    class Flaky:
-        workers = 2
-
+    class Flaky(Runner):
         def run(self, cfg):
             if cfg.sync == "dssync" and cfg.seed == 1:
                 raise RunFailed("dssync seed 1: host 3 timed out\nlog tail")
@@ -192,7 +190,7 @@ def test_compare_records_a_failed_run_and_goes_on():
         TrainConfig(workload="digits"),
         ["bsp", "dssync"],
         [0, 1],
-        Flaky(),
+        Flaky(workers=2),
         on_fail=lambda m, s, e: seen.append((m, s)),
     )
     assert [r["config"]["seed"] for r in out.runs["dssync"]] == [0]
@@ -204,7 +202,7 @@ def test_compare_records_a_failed_run_and_goes_on():
             raise ValueError("a bug")
 
     with pytest.raises(ValueError):  # anything but a failed run still ends the comparison
-        compare(TrainConfig(workload="digits"), ["bsp"], [0], Broken())
+        compare(TrainConfig(workload="digits"), ["bsp"], [0], Broken(workers=2))
 
 
 def test_a_target_the_solo_control_reaches_is_called_out_first():

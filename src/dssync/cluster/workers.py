@@ -152,27 +152,28 @@ class Agents:
         self.cluster = cluster
         self.procs = procs
         self._outs = outs
+        self._killed = False
 
     def wait(self, timeout_s: float) -> RunResult:
         """Wait for every host; on the first failure or after ``timeout_s``, stop all of them."""
         deadline = time.monotonic() + timeout_s
-        failed: int | None = None
-        timed_out = False
         try:
-            while None in [p.poll() for p in self.procs]:  # poll every one, no short cut
-                bad = [h for h, p in enumerate(self.procs) if p.returncode not in (None, 0)]
-                if bad:
-                    failed = bad[0]
-                    break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
+            while (result := self.poll(deadline)) is None:
                 time.sleep(0.05)
-            else:
-                bad = [h for h, p in enumerate(self.procs) if p.returncode != 0]
-                failed = bad[0] if bad else None
         finally:
             self.kill()
+        return result
+
+    def poll(self, deadline: float) -> RunResult | None:
+        """The run's outcome once every host finished, one failed or ``deadline`` (monotonic)
+        passed, stopping every host then; None while it goes on."""
+        codes = [p.poll() for p in self.procs]  # poll every one, no short cut
+        bad = [h for h, c in enumerate(codes) if c not in (None, 0)]
+        timed_out = not bad and None in codes and time.monotonic() > deadline
+        if not bad and None in codes and not timed_out:
+            return None
+        self.kill()
+        failed = bad[0] if bad else None
         rank = code = None
         if failed is not None:
             rank, code = root_cause(list(self._outs[failed].tail))
@@ -188,6 +189,8 @@ class Agents:
     def kill(self) -> None:
         """SIGTERM every agent's process group (torchrun stops its workers), SIGKILL after a
         grace period, then kill anything still alive in the host namespaces. Safe to call twice."""
+        if self._killed:
+            return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             live = [p for p in self.procs if p.poll() is None]
             for p in live:
@@ -203,6 +206,7 @@ class Agents:
                 p.wait(timeout=KILL_GRACE_S)
         for out in self._outs:
             out.close()
+        self._killed = True
 
 
 def kill_namespace(ns: str) -> None:

@@ -30,7 +30,8 @@ def compare(
     on_run: OnRun | None = None,
     on_fail: OnFail | None = None,
 ) -> Results:
-    """Every method with every seed.
+    """Every method with every seed, seed by seed (on a cluster, in one launch:
+    :meth:`dssync.experiments.runners.ClusterRunner.run_all`).
 
     ``on_run(method, seed, summary)`` is called after each run (progress lines). A run that
     fails on the runner (:class:`RunFailed`: a host's job died or timed out) is kept in
@@ -39,19 +40,18 @@ def compare(
     (a bad configuration, a bug) end the comparison.
     """
     out = Results({m: [] for m in methods}, {})
-    for seed in seeds:
-        for method in methods:
-            try:
-                summary = runner.run(replace(for_method(base, method), seed=seed))
-            except RunFailed as e:
-                error = _first_line(str(e))
-                out.failed.setdefault(method, []).append({"seed": seed, "error": error})
-                if on_fail is not None:
-                    on_fail(method, seed, str(e))
-                continue
-            out.runs[method].append(summary)
-            if on_run is not None:
-                on_run(method, seed, summary)
+    plan = [(method, seed) for seed in seeds for method in methods]
+    cfgs = [replace(for_method(base, method), seed=seed) for method, seed in plan]
+    for (method, seed), outcome in zip(plan, runner.run_all(cfgs), strict=True):
+        if isinstance(outcome, RunFailed):
+            error = _first_line(str(outcome))
+            out.failed.setdefault(method, []).append({"seed": seed, "error": error})
+            if on_fail is not None:
+                on_fail(method, seed, str(outcome))
+            continue
+        out.runs[method].append(outcome)
+        if on_run is not None:
+            on_run(method, seed, outcome)
     return out
 
 

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from dssync.train.run import run_training
 
 if TYPE_CHECKING:
     from dssync.cluster import Cluster
+    from dssync.cluster.workers import RunResult
 
 
 class RunFailed(RuntimeError):
@@ -44,6 +45,15 @@ class Runner:
         summary = run_training(cfg, workers=self.workers)
         assert summary is not None
         return summary
+
+    def run_all(self, cfgs: Sequence[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
+        """Each config's summary, or the :class:`RunFailed` that ended it, in order, as each
+        run ends. Other errors (a bad configuration, a bug) are raised."""
+        for cfg in cfgs:
+            try:
+                yield self.run(cfg)
+            except RunFailed as e:
+                yield e
 
 
 class ClusterRunner(Runner):
@@ -83,18 +93,71 @@ class ClusterRunner(Runner):
                 if events is not None:
                     events.stop()
             if not result.ok:
-                host = result.failed_host if result.failed_host is not None else 0
-                log = Path(tmp) / f"host{host}.log"
-                text = log.read_text(errors="replace") if log.is_file() else ""
-                cause = _cause(text)
-                raise RunFailed(
-                    f"{cfg.sync} seed {cfg.seed}: {cause or result.summary()}\n"
-                    f"{result.summary()}\n{text[-2000:]}"
-                )
+                raise self._failed(cfg, result, Path(tmp))
             summary = json.loads(out_path.read_text())
             if events is not None:
                 summary["link_events"] = events.applied
             return summary
+
+    def run_all(self, cfgs: Sequence[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
+        """One torchrun launch for all of ``cfgs`` (:func:`dssync.train.run.train_series`),
+        each summary given as its run ends; after a failed run, a new launch for the rest.
+
+        A cluster with link events changes its links at fractions of each run, so it launches
+        once per run (:meth:`run`).
+        """
+        if self.cluster.spec.events or len(cfgs) < 2:
+            yield from super().run_all(cfgs)
+            return
+        left = list(cfgs)
+        while left:
+            ran = 0
+            for outcome in self._series(left):
+                ran += 1
+                yield outcome
+                if isinstance(outcome, RunFailed):
+                    break
+            left = left[ran:]
+
+    def _series(self, cfgs: list[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
+        """The summaries of one launch of ``cfgs`` in order, up to the first failed run, which
+        ends it as a RunFailed (a launch that fails between runs blames the next)."""
+        with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
+            outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
+            runs = [
+                {"config": asdict(c), "summary": str(o)} for c, o in zip(cfgs, outs, strict=True)
+            ]
+            (Path(tmp) / "runs.json").write_text(json.dumps(runs))
+            argv = [sys.executable, "-m", "dssync.train.worker", "--runs", f"{tmp}/runs.json"]
+            timeout_s = self.timeout_s * len(cfgs)
+            agents = self.cluster.launch(argv, log_dir=Path(tmp), join_timeout_s=timeout_s)
+            deadline = time.monotonic() + timeout_s
+            given = 0
+            try:
+                while True:
+                    result = agents.poll(deadline)
+                    while given < len(cfgs) and outs[given].is_file():
+                        yield json.loads(outs[given].read_text())
+                        given += 1
+                    if result is not None:
+                        break
+                    time.sleep(0.1)
+            finally:
+                agents.kill()
+            if given < len(cfgs):
+                yield self._failed(cfgs[given], result, Path(tmp))
+
+    def _failed(self, cfg: TrainConfig, result: RunResult, logs: Path) -> RunFailed:
+        """What ended ``cfg``'s run on the cluster: a worker's own error from the failing
+        host's log, the launch's outcome and the log's tail."""
+        host = result.failed_host if result.failed_host is not None else 0
+        log = logs / f"host{host}.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        cause = _cause(text)
+        return RunFailed(
+            f"{cfg.sync} seed {cfg.seed}: {cause or result.summary()}\n"
+            f"{result.summary()}\n{text[-2000:]}"
+        )
 
 
 def _cause(log: str) -> str | None:
