@@ -40,7 +40,7 @@ SLOW = (
     "tests/comm/test_bounded_start.py::test_a_rank_that_never_comes_at_start_up_is_named_within_the_timeout",  # 13
     "tests/comm/test_bounded_start.py::test_a_rank_that_refuses_the_schedule_tells_the_others_and_all_fail_at_once",  # 11
     "tests/comm/test_bounded_start.py::test_a_member_that_stops_mid_transfer_in_a_global_average_is_named",  # 8
-    "tests/strategies/test_dssync_options.py::test_outer_sgd_at_rate_one_without_momentum_is_plain_local_steps",  # 12
+    "tests/strategies/test_dssync_options.py::test_outer_sgd_at_rate_one_without_momentum_is_plain_local_steps",  # 12 each
     "tests/strategies/test_waitless.py::test_averages_keep_the_mean_shrink_the_spread_and_end_identical",  # 21
     "tests/strategies/test_ps.py::test_ssp0_with_plain_sgd_is_synchronous_sgd",  # 20
     "tests/train/test_lr.py::test_training_holds_the_rate_while_averaging_weights",  # 19

@@ -231,7 +231,13 @@ def test_join_lets_ranks_out_of_data_serve_their_groups(schedule):
 
 
 @pytest.mark.parametrize(
-    "options", [{"every": 3}, {"every": 2, "overlap": True}, {"every": 2, "outer": nesterov()}]
+    "options",
+    [
+        {"every": 3},
+        {"every": 2, "overlap": True},
+        {"every": 2, "outer": nesterov()},
+        {"every": 2, "overlap": True, "outer": nesterov()},
+    ],
 )
 def test_join_counts_local_steps_alike_on_every_rank(options):
     """A joined rank shadows the others' steps, so averagings (every H-th step) stay matched."""

@@ -71,13 +71,14 @@ class DSSync(Strategy, Joinable):
             sync times (0: never). Needs a plan made by ``plan_topology_aware`` (``topology=``).
         overlap: run each average behind the next steps' compute and merge it at the next
             averaging (``x <- mean(snapshot) + (x - snapshot)``). Not with ``replan`` (overlap
-            hides the transfer times re-planning reads) nor ``outer`` (the outer step needs the
-            mean at the averaging).
+            hides the transfer times re-planning reads). With ``outer``, the outer step is
+            applied one averaging late, when the mean arrives.
         every: average after every ``every``-th optimizer step (H); ranks train locally in
             between. 1 is DS-Sync as in the paper.
         outer: a factory ``params -> torch.optim.Optimizer`` for an outer optimizer applied to
             the pseudo-gradient at each averaging (:func:`~dssync.strategies.outer.nesterov`:
-            DiLoCo's; with ``Global()`` this is DiLoCo; see :mod:`dssync.strategies.outer`).
+            DiLoCo's; with ``Global()`` this is DiLoCo; with ``overlap`` too, DiLoCo with its
+            outer step one averaging late; see :mod:`dssync.strategies.outer`).
         average_buffers: also average floating buffers (batch-norm running mean and variance).
         broadcast_init: start every rank from rank 0's parameters and buffers (integer and bool
             buffers included), as DDP does.
@@ -302,13 +303,14 @@ class DSSync(Strategy, Joinable):
             group = group_of(self.schedule.partition(t, self.world_size), self.rank)
             part = self.schedule.part(group, t, self.world_size) if len(group) > 1 else WHOLE
             if self._overlap is not None:
-                self.finish()
+                self._merge_late()
                 if len(group) > 1:
                     self._overlap.start(group, t, self._snapshot(), part)
-            elif len(group) > 1:
-                self._average_group(group, part)
-            if self.outer is not None:
-                self.outer.apply()
+            else:
+                if len(group) > 1:
+                    self._average_group(group, part)
+                if self.outer is not None:
+                    self.outer.apply()
             self.averagings += 1
             if self.replanner is not None:
                 self.replanner.after(self)
@@ -319,6 +321,19 @@ class DSSync(Strategy, Joinable):
             self.replanner.timed(self, group, part)
         else:
             self._average(group, len(group), part=part)
+
+    def _merge_late(self) -> None:
+        """Overlap's averaging: merge the previous average, with the outer step one averaging
+        late when there is one (:meth:`dssync.strategies.outer.Outer.apply_late`), and mark
+        what this averaging sends as the next outer step's reference."""
+        late = self.outer is not None and self.outer.sent is not None
+        if late:
+            self.outer.progress()
+        self.finish()
+        if self.outer is not None:
+            if late:
+                self.outer.apply_late()
+            self.outer.send()
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -493,11 +508,6 @@ def check_options(
         raise UsageError(
             "overlap=True with replan: an overlapped average hides its transfer time, which is "
             "what re-planning measures; use one of them (replan=0, or overlap=False)"
-        )
-    if overlap and outer is not None:
-        raise UsageError(
-            "overlap=True with outer=: the outer step needs the group's mean at the averaging, "
-            "which overlap delivers only at the next one; use one of them"
         )
     if outer is not None and not callable(outer):
         raise UsageError(

@@ -22,7 +22,19 @@ once); nothing else crosses the network.
   contracts for the default rate and momentum. For Adam (not linear: per-rank second moments
   divide each rank's step differently) the mean is not kept exactly.
 
-Checkpoints: :meth:`Outer.state_dict` holds the anchors and the outer optimizer's state.
+With ``overlap=True`` the mean of what an averaging sent arrives at the next one, so the outer
+step is applied one averaging late. At averaging ``t`` the rank sends its parameters ``s_i``
+(kept as :attr:`Outer.sent`) and trains on from them; at ``t + 1`` the group's mean ``m`` of the
+``s`` arrives, the pseudo-gradient is ``a_i - m``, the outer optimizer steps the anchor, and the
+parameters restart from it with the local progress made since sending:
+``x_i <- a_i + (x_i - s_i)``, which is then sent. Each pseudo-gradient is still minus the group's
+mean progress over one window of ``every`` steps, as in DiLoCo, taken one window late; outer SGD
+at rate 1 without momentum gives overlap's own merge ``x_i <- m + (x_i - s_i)``, and the mean over
+ranks is kept as above. The cost is the staleness: each window's progress reaches the anchors
+one window later, so the outer momentum acts on pseudo-gradients one window old.
+
+Checkpoints: :meth:`Outer.state_dict` holds the anchors, the outer optimizer's state and, with
+overlap, what was last sent.
 """
 
 from __future__ import annotations
@@ -75,6 +87,7 @@ class Outer:
     def __init__(self, params: Iterable[torch.Tensor], factory: OuterFactory) -> None:
         self.params = list(params)
         self.anchors = [p.detach().clone() for p in self.params]
+        self.sent: list[torch.Tensor] | None = None  # with overlap: what the last average sent
         self.optimizer = factory(self.anchors)
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             from dssync.errors import UsageError
@@ -92,9 +105,11 @@ class Outer:
 
     @torch.no_grad()
     def reset(self) -> None:
-        """Anchors <- the parameters as they are now (the outer optimizer's state is kept)."""
+        """Anchors <- the parameters as they are now (the outer optimizer's state is kept);
+        nothing sent is pending."""
         for a, p in zip(self.anchors, self.params, strict=True):
             a.copy_(p)
+        self.sent = None
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -106,14 +121,45 @@ class Outer:
             p.copy_(a)
             a.grad = None
 
+    @torch.no_grad()
+    def send(self) -> None:
+        """With overlap: the parameters as this averaging sends them, kept until the mean comes."""
+        self.sent = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def progress(self) -> None:
+        """With overlap, before the mean is merged: :attr:`sent` <- the progress made since
+        sending, ``x - s``."""
+        assert self.sent is not None
+        for s, p in zip(self.sent, self.params, strict=True):
+            s.neg_().add_(p)
+
+    @torch.no_grad()
+    def apply_late(self) -> None:
+        """With overlap, after the mean is merged (``x = m + d`` with ``d`` the progress
+        :meth:`progress` kept): pseudo-gradient ``a - m``, one outer step, ``x <- a + d``."""
+        assert self.sent is not None
+        for a, d, p in zip(self.anchors, self.sent, self.params, strict=True):
+            a.grad = a - (p - d)
+        self.optimizer.step()
+        for a, d, p in zip(self.anchors, self.sent, self.params, strict=True):
+            p.copy_(a).add_(d)
+            a.grad = None
+        self.sent = None
+
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "anchors": [a.clone() for a in self.anchors],
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
         }
+        if self.sent is not None:
+            state["sent"] = [s.clone() for s in self.sent]
+        return state
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for a, saved in zip(self.anchors, state["anchors"], strict=True):
             a.copy_(saved)
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        sent = state.get("sent")
+        self.sent = None if sent is None else [s.clone() for s in sent]
