@@ -9,6 +9,7 @@ from click.testing import CliRunner
 import dssync.cli.compare_cmd as compare_cmd
 import dssync.cli.train_cmd as train_cmd
 from dssync.cli import cli
+from dssync.errors import UsageError
 from dssync.methods import DEFAULT_METHODS, method_names
 from dssync.train import TrainConfig
 from dssync.workloads import WORKLOADS
@@ -156,3 +157,18 @@ def test_compare_all_still_runs_every_method_and_given_swa_is_not_announced(seen
 def test_bad_workload_option_names_the_form(tmp_path):
     r = CliRunner().invoke(cli, ["train", "--workload-option", "hidden"])
     assert r.exit_code == 2 and "KEY=VALUE" in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "--methods", "dssync-topo-local:overlap=true"],
+        ["train", "--sync", "dssync-topo-local", "--overlap"],
+    ],
+)
+def test_overlap_with_a_presets_replan_is_refused_before_any_worker_starts(seen, args, tmp_path):
+    if args[0] == "compare":
+        args = [*args, "--out", str(tmp_path)]
+    r = CliRunner().invoke(cli, args)
+    assert isinstance(r.exception, UsageError) and not seen, r.output
+    assert "replan=8" in str(r.exception) and "--replan 0" in str(r.exception)
