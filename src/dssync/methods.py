@@ -240,8 +240,9 @@ def _auto(
         compute_s=0.0,
         repeat=cfg.replan or DEFAULT_WINDOW,
         group_size=cfg.group_size,
+        wire=cfg.wire,
     )
-    chosen = with_pick(cfg, c.method, c.every, c.outer, c.group_size)
+    chosen = with_pick(cfg, c.method, c.every, c.outer, c.group_size, c.wire)
     return get_method(c.method).build(configure(chosen), module, opt, topology)
 
 
@@ -514,11 +515,13 @@ def with_pick(
     every: int | None = None,
     outer: str | None = None,
     group_size: int | None = None,
+    wire: str | None = None,
 ) -> TrainConfig:
     """``cfg`` for ``auto``'s pick: ``method`` (:func:`for_method`), with the pick's ``every``,
-    ``outer`` and ``group_size`` where the user gave none of them (None: the method's own)."""
+    ``outer``, ``group_size`` and ``wire`` where the user gave none of them (None: the method's
+    own)."""
     chosen = for_method(cfg, method)
-    picked = {"every": every, "outer": outer, "group_size": group_size}
+    picked = {"every": every, "outer": outer, "group_size": group_size, "wire": wire}
     given = {k: v for k, v in picked.items() if getattr(cfg, k) is None and v is not None}
     return replace(chosen, **given)
 

@@ -185,3 +185,26 @@ def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_
     assert _effective(kept, "outer") == "none"
     diloco = {"method": "diloco", "every": 16, "outer": "nesterov", "group_size": 4}
     assert picked(diloco) == "diloco:every=16"  # a global average has no groups to size
+
+
+def test_a_whole_rack_pick_sends_int8_unless_wire_says_otherwise_and_pairs_keep_fp32():
+    from dssync.methods import with_pick
+    from dssync.report.summary import picked
+    from dssync.train import TrainConfig
+    from dssync.train.auto import Decision, _effective
+
+    s2 = load_cluster("s2-inter-rack").topology()
+    c = choose(s2, MNIST_2048, compute_s=0.018)
+    assert (c.group_size, c.wire) == (4, "int8") and "sent in int8" in c.reason
+    assert choose(s2, MNIST_2048, compute_s=0.018, wire="fp32").wire is None  # given: it stands
+    assert choose(s2, MNIST_2048, compute_s=0.018, group_size=2).wire is None  # pairs
+    assert choose(load_cluster("s3-slow-host").topology(), MNIST_2048, 0.018).wire is None
+    assert choose(s2, MNIST_2048, compute_s=0.018, local=False).wire is None
+    run = with_pick(TrainConfig(sync="auto"), c.method, c.every, c.outer, c.group_size, c.wire)
+    assert run.wire == "int8"
+    mine = with_pick(TrainConfig(sync="auto", wire="bf16"), c.method, None, None, 4, "int8")
+    assert mine.wire == "bf16"
+    pick = {"method": c.method, "every": 16, "outer": "nesterov", "group_size": 4, "wire": "int8"}
+    assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov:group-size=4:wire=int8"
+    kept = Decision("dssync-topo-local", "why", 0.01, s2)  # from before auto picked the wire
+    assert _effective(kept, "wire") == "fp32"

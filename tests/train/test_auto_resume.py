@@ -34,9 +34,13 @@ def test_a_resumed_auto_run_keeps_the_pick_of_its_checkpoint(tmp_path):
     assert resumed["resumed_from"] == 6
     kept = resumed["auto"]
     assert kept["kept_from"] == 6
-    same = ("method", "every", "outer", "group_size", "reason", "compute_s")
+    same = ("method", "every", "outer", "group_size", "wire", "reason", "compute_s")
     assert {k: kept[k] for k in same} == {k: first[k] for k in same}
     with pytest.raises(WorkerError, match="would change"):  # --every against the kept pick
         run_training(replace(again, every=4, max_steps=12), 2)
     with pytest.raises(WorkerError, match="--group-size 1 .the checkpoints' run used 2"):
         run_training(replace(again, group_size=1, max_steps=12), 2)
+    with pytest.raises(
+        WorkerError, match="--wire int8 .the checkpoints' run used its method's own, fp32"
+    ):
+        run_training(replace(again, wire="int8", max_steps=12), 2)

@@ -21,6 +21,12 @@ no pair beside a rack's crossing rank, so such a plan does not spread its crossi
 racks swaps the whole model every few averagings instead of a slice at each (what the S2 and
 S4 races of whole-rack groups ran).
 
+A topology-aware local-step pick in whole-rack groups sends int8 (:data:`RACK_WIRE`, with error
+feedback: :mod:`dssync.comm.wire`) unless ``--wire`` says otherwise: on S2, five seeds each in one
+race, it reached mnist's target in 1.8 s (1.7-1.9) against 2.2 s (2.0-2.3) in fp32, in the same
+steps (docs/history.md, ninth session). In pairs (a slow host) int8 measured no faster (2.8 s
+against 2.7 s on S3), so pairs keep fp32.
+
 A local-step pick applies DiLoCo's outer step (:data:`OUTER`: SGD with Nesterov momentum on the
 averaged pseudo-gradient) unless ``--outer`` says otherwise: at one average every 16 steps it cut
 the steps to mnist's target on both bottlenecked scenarios, for DS-Sync's groups and for the
@@ -73,13 +79,15 @@ PROBE_NOISE = 0.4
 EVERY_CHOICES = (4, 8, 16)
 SYNC_SHARE = 0.25
 OUTER = "nesterov"  # what a local-step pick applies at each average, unless --outer is given
+RACK_WIRE = "int8"  # what a whole-rack local-step pick sends, unless --wire is given
 
 
 @dataclass(frozen=True)
 class Choice:
     """The method picked, the one line that says why, and every prediction it compared;
     ``every``: how often a local-step pick averages (None: the method's own); ``outer``: the
-    outer step it applies (None: the method's own)."""
+    outer step it applies, ``group_size`` its groups' size and ``wire`` what it sends (None:
+    the method's own)."""
 
     method: str
     reason: str
@@ -87,6 +95,7 @@ class Choice:
     every: int | None = None
     outer: str | None = None
     group_size: int | None = None
+    wire: str | None = None
 
 
 def rack_groups(spec: ClusterSpec) -> int | None:
@@ -159,13 +168,15 @@ def choose(
     every: int | None = None,
     outer: str | None = None,
     group_size: int | None = None,
+    wire: str | None = None,
 ) -> Choice:
     """The method predicted fastest for a model of ``params`` float32 parameters whose step
     computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
     1 Gbit/s hosts and an unshaped core); ``local=False`` leaves out the local-step presets, and
     ``every`` (``--every``) fixes how often a local-step pick averages, ``outer``
-    (``--outer``) what it applies (default :data:`OUTER`) and ``group_size`` (``--group-size``)
-    its groups' size (default: :func:`rack_groups`)."""
+    (``--outer``) what it applies (default :data:`OUTER`), ``group_size`` (``--group-size``)
+    its groups' size (default: :func:`rack_groups`) and ``wire`` (``--wire``) what a whole-rack
+    pick sends (default :data:`RACK_WIRE`)."""
     fixed = every
     shaped = canonical(topology)
     if shaped is None:
@@ -191,7 +202,7 @@ def choose(
     method = CANDIDATES[best.method]
     how = " behind the compute" if best is over else ""
     thinned = {name: (plan, every) for name, plan, _, every in LOCAL}
-    chosen = step = size = None
+    chosen = step = size = sent = None
     if best.method in thinned:
         step = outer or OUTER
         plan, every = thinned[best.method]
@@ -218,13 +229,16 @@ def choose(
                 how += f", groups of {group_size} (as --group-size says)"
             elif size is not None:
                 how += f", groups of a whole rack ({size}: its hosts are equal)"
+            if size is not None and size == rack_groups(spec) and wire is None:
+                sent = RACK_WIRE
+                how += f", sent in {sent}"
     reason = (
         f"{method}: predicted {_ms(best.iter_s)} per iteration "
         f"({_ms(best.sync_s)} of averaging{how}) "
         f"against BSP's {_ms(ddp.iter_s)}, for {_count(params)} parameters, "
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
-    return Choice(method, reason, preds, chosen, step, size)
+    return Choice(method, reason, preds, chosen, step, size, sent)
 
 
 def _ms(seconds: float) -> str:

@@ -142,16 +142,18 @@ def method_summary(
 def picked(auto: dict[str, Any]) -> str:
     """What ``--sync auto`` ran, as a label: ``dssync-topo-local:every=16:outer=nesterov``
     (the outer step named where it is not the method's own; ``:group-size=4`` where it picked
-    the group size)."""
+    the group size, ``:wire=int8`` where it sends less than fp32)."""
     from dssync.methods import get_method
 
     every, outer, size = auto.get("every"), auto.get("outer"), auto.get("group_size")
+    wire = auto.get("wire")
     own = get_method(auto["method"]).options.get("outer", "none")
     return (
         auto["method"]
         + (f":every={every}" if every else "")
         + (f":outer={outer}" if outer and outer != own else "")
         + (f":group-size={size}" if size and auto["method"].startswith("dssync") else "")
+        + (f":wire={wire}" if wire and wire != "fp32" else "")
     )
 
 

@@ -8,8 +8,8 @@ rank computes the same choice from the same shared figures, so no further agreem
 A resumed run keeps the pick its checkpoints record (:func:`saved_pick`: rank 0's newest
 checkpoint, shared with every rank) rather than choosing again: a new probe on a busy network
 may pick another method or ``every``, and the run would then continue as a different method
-from the one its checkpoint was written by. ``--every``, ``--outer`` or ``--group-size`` that
-would change the kept pick are refused. The topology is detected again, and probed where the
+from the one its checkpoint was written by. ``--every``, ``--outer``, ``--group-size`` or
+``--wire`` that would change the kept pick are refused. The topology is detected again, and probed where the
 kept method plans from rates; a re-planned plan then continues from the rates its checkpoint
 saved (:meth:`dssync.DSSync.load_state_dict`).
 """
@@ -44,7 +44,7 @@ from dssync.train.data import RankData
 from dssync.train.device import to_device
 
 AUTO = "auto"
-PICKED = ("every", "outer", "group_size")  # what a pick sets beyond the method, as with_pick takes
+PICKED = ("every", "outer", "group_size", "wire")  # what a pick sets beyond the method (with_pick)
 TIMED_PASSES = 5
 
 
@@ -60,6 +60,7 @@ class Decision:
     every: int | None = None
     outer: str | None = None
     group_size: int | None = None
+    wire: str | None = None
     kept_from: int | None = None  # a resumed run's pick: the checkpoint step it was read from
 
     def to_dict(self) -> dict:
@@ -70,6 +71,7 @@ class Decision:
             "every": self.every,
             "outer": self.outer,
             "group_size": self.group_size,
+            "wire": self.wire,
             "kept_from": self.kept_from,
         }
 
@@ -180,6 +182,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
             kept.get("outer"),
             # a checkpoint written before auto picked the group size: the size given now stands
             kept.get("group_size", cfg.group_size),
+            kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
             kept_from=kept["step"],
         )
     compute_s = compute_time(data, module, device, cfg.timeout_s)
@@ -197,6 +200,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
         every=cfg.every,
         outer=cfg.outer,
         group_size=cfg.group_size,
+        wire=cfg.wire,
     )
     return Decision(
         choice.method,
@@ -206,6 +210,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
         choice.every,
         choice.outer,
         choice.group_size,
+        choice.wire,
     )
 
 
@@ -214,7 +219,7 @@ def resolve(
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
     options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
-    pick's ``every``, ``outer`` and ``group_size`` fill the options not given. The decision
+    pick's ``every``, ``outer``, ``group_size`` and ``wire`` fill the options not given. The decision
     records the ones the run uses (None: the method's own)."""
     if cfg.sync != AUTO:
         return cfg, None

@@ -50,7 +50,7 @@ def train_series(
     ``done(i, summary)`` follows run ``i``: rank 0's summary, None on the other ranks. One
     launch for many runs saves each later run the start of a process on every host (torchrun's
     agent and rendezvous, importing torch, torch's lazy imports on the first optimizer): about
-    17 s per run on the 8 hosts of the emulated S2 cluster sharing two cores. Each run builds its
+    18 s per run on the 8 hosts of the emulated S2 cluster sharing two cores. Each run builds its
     model, data, strategy and random streams from its own config, warms up before its clock
     (:func:`dssync.train.loop.warm_up`), and ends with every rank holding one model, so it is
     the run a fresh process would make.
