@@ -172,3 +172,21 @@ def test_overlap_with_a_presets_replan_is_refused_before_any_worker_starts(seen,
     r = CliRunner().invoke(cli, args)
     assert isinstance(r.exception, UsageError) and not seen, r.output
     assert "replan=8" in str(r.exception) and "--replan 0" in str(r.exception)
+
+
+def test_auto_with_overlap_needs_replan_0(seen):
+    r = CliRunner().invoke(cli, ["train", "--sync", "auto", "--overlap"])
+    assert isinstance(r.exception, UsageError) and not seen
+    assert "--replan 0" in str(r.exception)
+    _invoke(["train", "--sync", "auto", "--overlap", "--replan", "0"])
+    assert seen["cfg"].overlap and seen["cfg"].replan == 0
+
+
+def test_runs_in_one_launch_must_share_the_device_and_timeout():
+    from dataclasses import replace
+
+    from dssync.train.run import train_series
+
+    cfg = TrainConfig(workload="digits", progress=False)
+    with pytest.raises(UsageError, match="timeout_s=120.0; a later run has 30"):
+        train_series([cfg, replace(cfg, timeout_s=30)], lambda i, s: None)

@@ -187,7 +187,7 @@ def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_
     assert picked(diloco) == "diloco:every=16"  # a global average has no groups to size
 
 
-def test_a_whole_rack_pick_sends_int8_unless_wire_says_otherwise_and_pairs_keep_fp32():
+def test_a_whole_rack_pick_sends_int8_over_a_slow_uplink_unless_wire_says_otherwise():
     from dssync.methods import with_pick
     from dssync.report.summary import picked
     from dssync.train import TrainConfig
@@ -200,6 +200,8 @@ def test_a_whole_rack_pick_sends_int8_unless_wire_says_otherwise_and_pairs_keep_
     assert choose(s2, MNIST_2048, compute_s=0.018, group_size=2).wire is None  # pairs
     assert choose(load_cluster("s3-slow-host").topology(), MNIST_2048, 0.018).wire is None
     assert choose(s2, MNIST_2048, compute_s=0.018, local=False).wire is None
+    s4 = choose(load_cluster("s4-dynamic").topology(), MNIST_2048, 0.018)  # uplink at host rate
+    assert (s4.group_size, s4.wire) == (4, None) and "int8" not in s4.reason
     run = with_pick(TrainConfig(sync="auto"), c.method, c.every, c.outer, c.group_size, c.wire)
     assert run.wire == "int8"
     mine = with_pick(TrainConfig(sync="auto", wire="bf16"), c.method, None, None, 4, "int8")

@@ -88,7 +88,7 @@ def _late_diloco_rank() -> list[torch.Tensor]:
     for step in range(H * ROUNDS):
         _inner_step(model, opt, rank, step)
         sync.step()
-    sync.close()  # waits for the last average in flight and merges it, without an outer step
+    sync.close()  # waits for the last average in flight and merges it, with its outer step
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -116,10 +116,13 @@ def _reference_late_diloco(workers: int) -> list[list[torch.Tensor]]:
                     for p, a, si in zip(m.parameters(), anchor, s, strict=True):
                         p.copy_(a + (p - si))
             sent = [[p.detach().clone() for p in m.parameters()] for m in models]
-    with torch.no_grad():  # close(): the last mean merged as overlap does, x <- m + (x - s)
+    with torch.no_grad():  # close(): the last mean arrives, with the outer step it was due
+        for i, a in enumerate(anchor):
+            a.grad = a - torch.stack([s[i] for s in sent]).mean(0)
+        outer.step()
         for m, s in zip(models, sent, strict=True):
-            for i, p in enumerate(m.parameters()):
-                p.copy_(torch.stack([t[i] for t in sent]).mean(0) + (p - s[i]))
+            for p, a, si in zip(m.parameters(), anchor, s, strict=True):
+                p.copy_(a + (p - si))
     return [[p.detach().clone() for p in m.parameters()] for m in models]
 
 
@@ -350,3 +353,29 @@ def _refuse_other_options() -> str:
 def test_a_checkpoint_with_other_options_is_refused():
     for message in spawn(_refuse_other_options, 2, timeout_s=120):
         assert "outer=" in message and "--outer" in message
+
+
+def _closed_leaves_no_group() -> tuple[int, int, list[bool]]:
+    model = _model()
+    sync = DSSync(model, Shuffle(2, seed=1, repeat=2), pairs="all_reduce", overlap=True)
+    for _ in range(3):
+        sync.step()
+    sync.average_all()
+    made = list(sync.router.groups.values()) + [sync._overlap.lane.group]
+    sync.close()
+    sync.close()  # once is enough: a second call does nothing
+
+    def gone(pg) -> bool:
+        try:
+            dist.get_backend(pg)
+        except (ValueError, RuntimeError):
+            return True
+        return False
+
+    return len(made), len(sync.router.groups), [gone(pg) for pg in made]
+
+
+def test_close_destroys_the_groups_it_made_and_stops_the_lane():
+    # A process that trains several runs in turn (train_series) closes each run's strategy.
+    for made, left, gone in spawn(_closed_leaves_no_group, 4, timeout_s=120):
+        assert made >= 2 and left == 0 and all(gone), (made, left, gone)

@@ -152,6 +152,13 @@ class Router:
             else:
                 self._elsewhere.add(key)
 
+    def close(self) -> None:
+        """Destroy the groups :meth:`prepare` made (every rank alike); it averages no more."""
+        for pg in self.groups.values():
+            dist.destroy_process_group(pg)
+        self.groups.clear()
+        self._elsewhere.clear()
+
     def _wanted(self, schedule: Schedule, smallest: int) -> Iterator[tuple[int, ...]]:
         """Groups worth making for ``schedule``, in order of first use (the same on every rank)."""
         cycle = schedule.cycle(self.size)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from dssync.cluster.workers import RunResult
 
 
+# How long a launch may take to exit after its last run's summary is written.
+EXIT_GRACE_S = 60.0
+
+
 class RunFailed(RuntimeError):
     """A run that ended in an error on the cluster (a host's torchrun failed or timed out): the
     comparison records it as a seed that never reached the target and goes on."""
@@ -121,7 +125,9 @@ class ClusterRunner(Runner):
 
     def _series(self, cfgs: list[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
         """The summaries of one launch of ``cfgs`` in order, up to the first failed run, which
-        ends it as a RunFailed (a launch that fails between runs blames the next)."""
+        ends it as a RunFailed (a launch that fails between runs blames the next). Each run has
+        ``timeout_s`` from the end of the one before (the first, from the launch); the launch
+        has :data:`EXIT_GRACE_S` to exit after the last."""
         with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
             outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
             runs = [
@@ -129,9 +135,8 @@ class ClusterRunner(Runner):
             ]
             (Path(tmp) / "runs.json").write_text(json.dumps(runs))
             argv = [sys.executable, "-m", "dssync.train.worker", "--runs", f"{tmp}/runs.json"]
-            timeout_s = self.timeout_s * len(cfgs)
-            agents = self.cluster.launch(argv, log_dir=Path(tmp), join_timeout_s=timeout_s)
-            deadline = time.monotonic() + timeout_s
+            agents = self.cluster.launch(argv, log_dir=Path(tmp), join_timeout_s=self.timeout_s)
+            deadline = time.monotonic() + self.timeout_s  # each run has timeout_s of its own
             given = 0
             try:
                 while True:
@@ -139,6 +144,9 @@ class ClusterRunner(Runner):
                     while given < len(cfgs) and outs[given].is_file():
                         yield json.loads(outs[given].read_text())
                         given += 1
+                        deadline = time.monotonic() + (
+                            self.timeout_s if given < len(cfgs) else EXIT_GRACE_S
+                        )
                     if result is not None:
                         break
                     time.sleep(0.1)

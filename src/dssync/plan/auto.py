@@ -22,9 +22,13 @@ racks swaps the whole model every few averagings instead of a slice at each (wha
 S4 races of whole-rack groups ran).
 
 A topology-aware local-step pick in whole-rack groups sends int8 (:data:`RACK_WIRE`, with error
-feedback: :mod:`dssync.comm.wire`) unless ``--wire`` says otherwise: on S2, five seeds each in one
-race, it reached mnist's target in 1.8 s (1.7-1.9) against 2.2 s (2.0-2.3) in fp32, in the same
-steps (docs/history.md, ninth session). In pairs (a slow host) int8 measured no faster (2.8 s
+feedback: :mod:`dssync.comm.wire`) where the probed uplink runs under :data:`UPLINK_SHARE` of a
+host's rate (:func:`slow_uplink`), unless ``--wire`` says otherwise. On S2 (a 200 Mbit/s uplink
+under 1 Gbit/s hosts), five seeds each in one race, it reached mnist's target in 1.8 s (1.7-1.9)
+against 2.2 s (2.0-2.3) in fp32, in the same steps, and again 1.8 s against 2.2 s in a second
+race. On S4, whose uplink probes at the hosts' rate until contention comes, int8 took
+2.3 s (1.8-2.6) against 2.2 s (2.0-3.1) and more steps (81 against 72), so there the pick stays
+fp32 (docs/history.md, ninth session). In pairs (a slow host) int8 measured no faster (2.8 s
 against 2.7 s on S3), so pairs keep fp32.
 
 A local-step pick applies DiLoCo's outer step (:data:`OUTER`: SGD with Nesterov momentum on the
@@ -79,7 +83,8 @@ PROBE_NOISE = 0.4
 EVERY_CHOICES = (4, 8, 16)
 SYNC_SHARE = 0.25
 OUTER = "nesterov"  # what a local-step pick applies at each average, unless --outer is given
-RACK_WIRE = "int8"  # what a whole-rack local-step pick sends, unless --wire is given
+RACK_WIRE = "int8"  # what a whole-rack pick sends over a slow uplink, unless --wire is given
+UPLINK_SHARE = 0.5  # an uplink below this share of a host's rate is slow
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,19 @@ def rack_groups(spec: ClusterSpec) -> int | None:
     if spec.racks < 2 or spec.host_overrides or rack <= 2:
         return None
     return rack
+
+
+def slow_uplink(spec: ClusterSpec) -> bool:
+    """Whether the racks' uplink runs under :data:`UPLINK_SHARE` of a host's rate (as probed).
+
+    Example::
+
+        >>> from dssync.cluster import load_cluster
+        >>> slow_uplink(load_cluster("s2-inter-rack")), slow_uplink(load_cluster("s1-homogeneous"))
+        (True, False)
+    """
+    up = spec.rack_uplink_mbit
+    return up is not None and up < UPLINK_SHARE * spec.host_rate_mbit
 
 
 def local_every(averaging_s: float, compute_s: float) -> int | None:
@@ -229,9 +247,17 @@ def choose(
                 how += f", groups of {group_size} (as --group-size says)"
             elif size is not None:
                 how += f", groups of a whole rack ({size}: its hosts are equal)"
-            if size is not None and size == rack_groups(spec) and wire is None:
+            if (
+                size is not None
+                and size == rack_groups(spec)
+                and wire is None
+                and slow_uplink(spec)
+            ):
                 sent = RACK_WIRE
-                how += f", sent in {sent}"
+                how += (
+                    f", sent in {sent} (the uplink is under {UPLINK_SHARE:.0%} of a host's rate; "
+                    "the prediction is for fp32)"
+                )
     reason = (
         f"{method}: predicted {_ms(best.iter_s)} per iteration "
         f"({_ms(best.sync_s)} of averaging{how}) "

@@ -59,6 +59,12 @@ class Strategy:
     def average_all(self) -> None:
         """Leave every rank with the same model (the global average)."""
 
+    def close(self) -> None:
+        """Release what the strategy holds beyond the model (background threads, the process
+        groups it made), after its last step and ``average_all()``; every rank calls it alike.
+        It takes no more steps after. A process that runs several trainings one after another
+        calls it between them (:func:`dssync.train.run.train_series`)."""
+
     def take_sync_time(self) -> float:
         """Seconds spent synchronizing since the last call."""
         t, self._sync_s = self._sync_s, 0.0

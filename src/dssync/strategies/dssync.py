@@ -178,6 +178,7 @@ class DSSync(Strategy, Joinable):
         self.every, self.replan, self.overlap = every, replan, overlap
         self.steps = 0
         self.averagings = 0
+        self._closed = False
         self.pairs = pairs
         self.wire = codec_for(wire).name
         self._planned = self.schedule.describe()
@@ -303,7 +304,9 @@ class DSSync(Strategy, Joinable):
             group = group_of(self.schedule.partition(t, self.world_size), self.rank)
             part = self.schedule.part(group, t, self.world_size) if len(group) > 1 else WHOLE
             if self._overlap is not None:
-                self._merge_late()
+                self.finish()
+                if self.outer is not None:
+                    self.outer.send()
                 if len(group) > 1:
                     self._overlap.start(group, t, self._snapshot(), part)
             else:
@@ -322,31 +325,32 @@ class DSSync(Strategy, Joinable):
         else:
             self._average(group, len(group), part=part)
 
-    def _merge_late(self) -> None:
-        """Overlap's averaging: merge the previous average, with the outer step one averaging
-        late when there is one (:meth:`dssync.strategies.outer.Outer.apply_late`), and mark
-        what this averaging sends as the next outer step's reference."""
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Wait for the overlapped average in flight, if any, and merge it; with ``outer=``,
+        apply the outer step it was due (one averaging late,
+        :meth:`dssync.strategies.outer.Outer.apply_late`)."""
+        if self._overlap is None:
+            return
         late = self.outer is not None and self.outer.sent is not None
         if late:
             self.outer.progress()
-        self.finish()
-        if self.outer is not None:
-            if late:
-                self.outer.apply_late()
-            self.outer.send()
-
-    @torch.no_grad()
-    def finish(self) -> None:
-        """Wait for the overlapped average in flight, if any, and merge it."""
-        if self._overlap is not None:
-            state = plan_buckets(self._optimizer_state(), self.bucket_bytes)
-            self._overlap.finish([*self._fresh_buckets().buffers, *state], self.averagings)
+        state = plan_buckets(self._optimizer_state(), self.bucket_bytes)
+        self._overlap.finish([*self._fresh_buckets().buffers, *state], self.averagings)
+        if late:
+            self.outer.apply_late()
 
     def close(self) -> None:
-        """Finish and merge a pending average, then stop the overlap lane's worker (every rank)."""
+        """Finish and merge a pending average, stop the overlap lane's worker and destroy the
+        groups made for the schedule (every rank; no more steps after; once is enough)."""
+        if self._closed:
+            return
+        self._closed = True
         self.finish()
         if self._overlap is not None:
             self._overlap.close()
+            dist.destroy_process_group(self._overlap.lane.group)
+        self.router.close()  # the lane's router shares these groups
 
     @torch.no_grad()
     def average_all(self) -> None:

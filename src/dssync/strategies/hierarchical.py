@@ -98,6 +98,13 @@ class Hierarchical(Strategy):
                     self.router.roll,
                 )
 
+    def close(self) -> None:
+        """Destroy the domain and leader groups this strategy made (every rank)."""
+        made = {pg for pg in (self._local, self._leader_pg) if pg is not None}
+        for pg in made - {self.parent}:
+            dist.destroy_process_group(pg)
+        self._local = self._leader_pg = None
+
     def _global(self, r: int) -> int:
         return r if self.parent is dist.group.WORLD else dist.get_global_rank(self.parent, r)
 

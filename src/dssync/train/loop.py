@@ -96,6 +96,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     progress.close()
     run.loop_s += clock.now() - loop_start
     summary = summarize(cfg, data, strategy, run, phase.average, device)
+    strategy.close()  # its threads and groups: the process may train again (train_series)
     return summary if decision is None else {**summary, "auto": decision.to_dict()}
 
 

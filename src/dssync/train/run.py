@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dssync.errors import UsageError
 from dssync.launch import init_from_env, launched_externally, spawn
 from dssync.train.config import TrainConfig
 from dssync.train.device import backend_for, resolve_device
@@ -55,6 +56,14 @@ def train_series(
     (:func:`dssync.train.loop.warm_up`), and ends with every rank holding one model, so it is
     the run a fresh process would make.
     """
+    for cfg in cfgs[1:]:
+        for key in ("device", "timeout_s"):  # set once, when the process group is joined
+            if getattr(cfg, key) != getattr(cfgs[0], key):
+                raise UsageError(
+                    f"runs in one launch share the process group, made for the first run's "
+                    f"{key}={getattr(cfgs[0], key)!r}; a later run has {getattr(cfg, key)!r}: "
+                    "launch it apart"
+                )
     _join_group(cfgs[0])
     try:
         for i, cfg in enumerate(cfgs):

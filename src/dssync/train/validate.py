@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from dssync.errors import UsageError
-from dssync.methods import GROUP_SIZE, configure
+from dssync.methods import GROUP_SIZE, configure, get_method
 from dssync.train.checkpoint import any_checkpoints
 from dssync.train.config import TrainConfig
 from dssync.train.device import resolve_device
@@ -31,14 +31,16 @@ def validate(cfg: TrainConfig, workers: int) -> None:
             f"--group-size {size} does not divide the {world} workers; "
             f"use one of {', '.join(map(str, sizes))}"
         )
-    if cfg.sync != "auto":
-        full = configure(cfg)  # with the preset's options where none was given
-        if full.overlap and full.replan:
-            raise UsageError(
-                f"{cfg.sync} with overlap and replan={full.replan}: an overlapped average hides "
-                "its transfer time, which is what re-planning measures; add --replan 0 "
-                "(in a label, replan=0), or drop the overlap"
-            )
+    full = configure(cfg)  # with the preset's options where none was given
+    replan = full.replan
+    if cfg.sync == "auto" and cfg.replan is None:  # it may pick a re-planned preset
+        replan = get_method("dssync-topo-local").options.get("replan", 0)
+    if full.overlap and replan:
+        raise UsageError(
+            f"{cfg.sync} with overlap and replan={replan}: an overlapped average hides "
+            "its transfer time, which is what re-planning measures; add --replan 0 "
+            "(in a label, replan=0), or drop the overlap"
+        )
     if cfg.data_dir is not None and not os.path.exists(cfg.data_dir):
         raise UsageError(
             f"--data-dir {cfg.data_dir} does not exist; pass the folder that holds the data"
