@@ -32,6 +32,7 @@ SLOW = (
     "tests/cli/test_hostile_input.py::test_bad_input_in_a_real_process[corrupted checkpoint]",  # 11
     "tests/integrations/test_runnable_examples.py",  # 11-23 each
     "tests/train/test_stop_at_target.py",  # 27 (two runs, beside a race)
+    "tests/experiments/test_series.py",  # 5-10 each
     "tests/train/test_eval_bounded.py",  # 9
     "tests/train/test_auto_decision.py",  # spawns and trains
     "tests/e2e/test_quickstart.py::test_the_gpu_checks_int8_groups_run_on_the_cpu_here",

@@ -160,11 +160,14 @@ def spawn(
     collective_timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     backend: str = "gloo",
+    tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` local ranks; return each rank's result, by rank.
 
     ``fn`` must be importable (defined at module level). Each rank has joined the default
     process group (``backend``, gloo by default, on 127.0.0.1) before ``fn`` runs and leaves it after.
+    ``tick()``, when given, is called in this thread about every 0.2 s while the ranks run (to
+    report what they write as they go); what it raises stops every rank.
 
     Example::
 
@@ -199,6 +202,8 @@ def spawn(
     deadline = time.monotonic() + timeout_s
     try:
         while len(results) < world_size:
+            if tick is not None:
+                tick()
             try:
                 kind, rank, value = results_q.get(timeout=0.2)
             except Empty:

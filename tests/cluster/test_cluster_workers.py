@@ -240,7 +240,10 @@ def test_runs_in_one_launch_equal_fresh_ones_and_a_failed_run_is_skipped():
             return launch(argv, **kwargs)
 
         cluster.launch = counted
-        outcomes = list(ClusterRunner(cluster, timeout_s=120).run_all(cfgs))
+        seen = []
+        ClusterRunner(cluster, timeout_s=120).run_all(cfgs, lambda i, o: seen.append((i, o)))
+    assert [i for i, _ in seen] == [0, 1, 2, 3, 4]
+    outcomes = [o for _, o in seen]
     first, other, again, failed, after = outcomes
     assert isinstance(failed, RunFailed) and "nosuch" in str(failed), str(failed)[:500]
     assert [a[-2] for a in launches] == ["--runs", "--runs"]  # before the failure, and after

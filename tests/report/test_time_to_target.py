@@ -180,10 +180,12 @@ def test_compare_records_a_failed_run_and_goes_on():
     from dssync.train.config import TrainConfig
 
     class Flaky(Runner):
-        def run(self, cfg):
-            if cfg.sync == "dssync" and cfg.seed == 1:
-                raise RunFailed("dssync seed 1: host 3 timed out\nlog tail")
-            return {"config": {"seed": cfg.seed}, "sync": cfg.sync}
+        def run_all(self, cfgs, each):
+            for i, cfg in enumerate(cfgs):
+                if cfg.sync == "dssync" and cfg.seed == 1:
+                    each(i, RunFailed("dssync seed 1: host 3 timed out\nlog tail"))
+                else:
+                    each(i, {"config": {"seed": cfg.seed}, "sync": cfg.sync})
 
     seen = []
     out = compare(
@@ -198,7 +200,7 @@ def test_compare_records_a_failed_run_and_goes_on():
     assert out.failed == {"dssync": [{"seed": 1, "error": "dssync seed 1: host 3 timed out"}]}
 
     class Broken(Flaky):
-        def run(self, cfg):
+        def run_all(self, cfgs, each):
             raise ValueError("a bug")
 
     with pytest.raises(ValueError):  # anything but a failed run still ends the comparison

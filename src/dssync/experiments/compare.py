@@ -30,8 +30,8 @@ def compare(
     on_run: OnRun | None = None,
     on_fail: OnFail | None = None,
 ) -> Results:
-    """Every method with every seed, seed by seed (on a cluster, in one launch:
-    :meth:`dssync.experiments.runners.ClusterRunner.run_all`).
+    """Every method with every seed, seed by seed, in one start of the workers
+    (:meth:`dssync.experiments.runners.Runner.run_all`).
 
     ``on_run(method, seed, summary)`` is called after each run (progress lines). A run that
     fails on the runner (:class:`RunFailed`: a host's job died or timed out) is kept in
@@ -42,16 +42,20 @@ def compare(
     out = Results({m: [] for m in methods}, {})
     plan = [(method, seed) for seed in seeds for method in methods]
     cfgs = [replace(for_method(base, method), seed=seed) for method, seed in plan]
-    for (method, seed), outcome in zip(plan, runner.run_all(cfgs), strict=True):
+
+    def each(i: int, outcome: dict[str, Any] | RunFailed) -> None:
+        method, seed = plan[i]
         if isinstance(outcome, RunFailed):
             error = _first_line(str(outcome))
             out.failed.setdefault(method, []).append({"seed": seed, "error": error})
             if on_fail is not None:
                 on_fail(method, seed, str(outcome))
-            continue
+            return
         out.runs[method].append(outcome)
         if on_run is not None:
             on_run(method, seed, outcome)
+
+    runner.run_all(cfgs, each)
     return out
 
 

@@ -9,14 +9,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dssync.train.config import TrainConfig
 from dssync.train.data import planned_steps
-from dssync.train.run import run_training
+from dssync.train.run import run_training, spawn_series
 
 if TYPE_CHECKING:
     from dssync.cluster import Cluster
@@ -30,6 +30,10 @@ EXIT_GRACE_S = 60.0
 class RunFailed(RuntimeError):
     """A run that ended in an error on the cluster (a host's torchrun failed or timed out): the
     comparison records it as a seed that never reached the target and goes on."""
+
+
+# Called as each run of a series ends: its index, and its summary or what ended it.
+Each = Callable[[int, "dict[str, Any] | RunFailed"], None]
 
 
 class Runner:
@@ -50,14 +54,28 @@ class Runner:
         assert summary is not None
         return summary
 
-    def run_all(self, cfgs: Sequence[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
-        """Each config's summary, or the :class:`RunFailed` that ended it, in order, as each
-        run ends. Other errors (a bad configuration, a bug) are raised."""
-        for cfg in cfgs:
+    def run_all(self, cfgs: Sequence[TrainConfig], each: Each) -> None:
+        """Every config, in order, in one start of the worker processes
+        (:func:`dssync.train.run.spawn_series`); ``each(i, summary)`` as run ``i`` ends. An error
+        (a bad configuration, a bug, a worker that died) ends them all and is raised."""
+        if len(cfgs) < 2:
+            for i, cfg in enumerate(cfgs):
+                each(i, self.run(cfg))
+            return
+        with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
+            outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
+            given = 0
+
+            def tick() -> None:
+                nonlocal given
+                while given < len(cfgs) and outs[given].is_file():
+                    each(given, json.loads(outs[given].read_text()))
+                    given += 1
+
             try:
-                yield self.run(cfg)
-            except RunFailed as e:
-                yield e
+                spawn_series(list(cfgs), self.workers, [str(o) for o in outs], tick)
+            finally:
+                tick()  # what was written before the end, an error's included
 
 
 class ClusterRunner(Runner):
@@ -103,31 +121,31 @@ class ClusterRunner(Runner):
                 summary["link_events"] = events.applied
             return summary
 
-    def run_all(self, cfgs: Sequence[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
-        """One torchrun launch for all of ``cfgs`` (:func:`dssync.train.run.train_series`),
-        each summary given as its run ends; after a failed run, a new launch for the rest.
+    def run_all(self, cfgs: Sequence[TrainConfig], each: Each) -> None:
+        """One torchrun launch for all of ``cfgs`` (:func:`dssync.train.run.train_series`);
+        ``each(i, summary)`` as run ``i`` ends, or ``each(i, RunFailed)`` for a run that failed on
+        the cluster, after which a new launch makes the rest.
 
         A cluster with link events changes its links at fractions of each run, so it launches
         once per run (:meth:`run`).
         """
         if self.cluster.spec.events or len(cfgs) < 2:
-            yield from super().run_all(cfgs)
+            for i, cfg in enumerate(cfgs):
+                try:
+                    outcome: dict[str, Any] | RunFailed = self.run(cfg)
+                except RunFailed as e:
+                    outcome = e
+                each(i, outcome)
             return
-        left = list(cfgs)
-        while left:
-            ran = 0
-            for outcome in self._series(left):
-                ran += 1
-                yield outcome
-                if isinstance(outcome, RunFailed):
-                    break
-            left = left[ran:]
+        start = 0
+        while start < len(cfgs):
+            start += self._series(list(cfgs[start:]), lambda i, o, at=start: each(at + i, o))
 
-    def _series(self, cfgs: list[TrainConfig]) -> Iterator[dict[str, Any] | RunFailed]:
-        """The summaries of one launch of ``cfgs`` in order, up to the first failed run, which
-        ends it as a RunFailed (a launch that fails between runs blames the next). Each run has
-        ``timeout_s`` from the end of the one before (the first, from the launch); the launch
-        has :data:`EXIT_GRACE_S` to exit after the last."""
+    def _series(self, cfgs: list[TrainConfig], each: Each) -> int:
+        """One launch of ``cfgs``: ``each`` for the runs in order, up to the first failed run,
+        which ends it as a RunFailed (a launch that fails between runs blames the next); the
+        number of runs reported. Each run has ``timeout_s`` from the end of the one before (the
+        first, from the launch); the launch has :data:`EXIT_GRACE_S` to exit after the last."""
         with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
             outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
             runs = [
@@ -142,7 +160,7 @@ class ClusterRunner(Runner):
                 while True:
                     result = agents.poll(deadline)
                     while given < len(cfgs) and outs[given].is_file():
-                        yield json.loads(outs[given].read_text())
+                        each(given, json.loads(outs[given].read_text()))
                         given += 1
                         deadline = time.monotonic() + (
                             self.timeout_s if given < len(cfgs) else EXIT_GRACE_S
@@ -153,7 +171,9 @@ class ClusterRunner(Runner):
             finally:
                 agents.kill()
             if given < len(cfgs):
-                yield self._failed(cfgs[given], result, Path(tmp))
+                each(given, self._failed(cfgs[given], result, Path(tmp)))
+                given += 1
+            return given
 
     def _failed(self, cfg: TrainConfig, result: RunResult, logs: Path) -> RunFailed:
         """What ended ``cfg``'s run on the cluster: a worker's own error from the failing

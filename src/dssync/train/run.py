@@ -16,6 +16,7 @@ from dssync.train.config import TrainConfig
 from dssync.train.device import backend_for, resolve_device
 from dssync.train.hooks import StepHook
 from dssync.train.loop import train_worker
+from dssync.train.summary import write_json
 
 
 def run_training(
@@ -56,6 +57,46 @@ def train_series(
     (:func:`dssync.train.loop.warm_up`), and ends with every rank holding one model, so it is
     the run a fresh process would make.
     """
+    _same_group(cfgs)
+    _join_group(cfgs[0])
+    try:
+        for i, cfg in enumerate(cfgs):
+            summary = train_worker(cfg, hook)
+            done(i, summary if int(_env("RANK")) == 0 else None)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_series(
+    cfgs: list[TrainConfig],
+    workers: int,
+    summaries: list[str],
+    tick: Callable[[], None] | None = None,
+) -> None:
+    """:func:`train_series` on ``workers`` local processes: rank 0 writes run ``i``'s summary to
+    ``summaries[i]`` as it ends; ``tick()`` is called while they run (:func:`dssync.launch.spawn`)."""
+    _same_group(cfgs)
+    cfg = cfgs[0]
+    spawn(
+        _series_rank,
+        workers,
+        args=(cfgs, summaries),
+        timeout_s=max(600.0, cfg.timeout_s * 4) * len(cfgs),
+        collective_timeout_s=cfg.timeout_s,
+        backend=backend_for(resolve_device(cfg.device, 0), workers),
+        tick=tick,
+    )
+
+
+def _series_rank(cfgs: list[TrainConfig], summaries: list[str]) -> None:
+    for cfg, path in zip(cfgs, summaries, strict=True):
+        summary = train_worker(cfg)
+        if dist.get_rank() == 0:
+            write_json(path, summary)
+
+
+def _same_group(cfgs: list[TrainConfig]) -> None:
+    """Refuse runs that could not share one process group (made for the first's settings)."""
     for cfg in cfgs[1:]:
         for key in ("device", "timeout_s"):  # set once, when the process group is joined
             if getattr(cfg, key) != getattr(cfgs[0], key):
@@ -64,13 +105,6 @@ def train_series(
                     f"{key}={getattr(cfgs[0], key)!r}; a later run has {getattr(cfg, key)!r}: "
                     "launch it apart"
                 )
-    _join_group(cfgs[0])
-    try:
-        for i, cfg in enumerate(cfgs):
-            summary = train_worker(cfg, hook)
-            done(i, summary if int(_env("RANK")) == 0 else None)
-    finally:
-        dist.destroy_process_group()
 
 
 def _env(name: str) -> str:
