@@ -49,18 +49,31 @@ def _diloco_rank() -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _reference_diloco(workers: int) -> list[torch.Tensor]:
-    """DiLoCo as in the paper, on one process: N inner models, mean pseudo-gradient, outer Nesterov."""
+def _replicas(workers: int):
+    """One process's stand-in for ``workers`` ranks: the anchor and DiLoCo's outer optimizer,
+    and each rank's model and inner optimizer."""
     anchor = [p.detach().clone() for p in _model().parameters()]
     outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True)
     models = [_model() for _ in range(workers)]
     inner = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
+    return anchor, outer, models, inner
+
+
+def _inner_round(models: list[nn.Module], inner: list, step: int) -> int:
+    """H inner steps on every model from ``step``; the step after them."""
+    for _ in range(H):
+        for r, (m, opt) in enumerate(zip(models, inner, strict=True)):
+            _inner_step(m, opt, r, step)
+        step += 1
+    return step
+
+
+def _reference_diloco(workers: int) -> list[torch.Tensor]:
+    """DiLoCo as in the paper, on one process: N inner models, mean pseudo-gradient, outer Nesterov."""
+    anchor, outer, models, inner = _replicas(workers)
     step = 0
     for _ in range(ROUNDS):
-        for _ in range(H):
-            for r in range(workers):
-                _inner_step(models[r], inner[r], r, step)
-            step += 1
+        step = _inner_round(models, inner, step)
         for i, a in enumerate(anchor):
             a.grad = torch.stack([a - list(m.parameters())[i].detach() for m in models]).mean(0)
         outer.step()
@@ -95,34 +108,27 @@ def _late_diloco_rank() -> list[torch.Tensor]:
 def _reference_late_diloco(workers: int) -> list[list[torch.Tensor]]:
     """DiLoCo with its outer step one window late, on one process: each round sends the models
     and trains on; the mean sent a round before is applied as DiLoCo's outer step to the anchor,
-    and each model restarts from the anchor plus its progress since it sent."""
-    anchor = [p.detach().clone() for p in _model().parameters()]
-    outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True)
-    models = [_model() for _ in range(workers)]
-    inner = [torch.optim.SGD(m.parameters(), lr=LR) for m in models]
-    sent = None
-    step = 0
-    for _ in range(ROUNDS):
-        for _ in range(H):
-            for r in range(workers):
-                _inner_step(models[r], inner[r], r, step)
-            step += 1
-        with torch.no_grad():
-            if sent is not None:
-                for i, a in enumerate(anchor):
-                    a.grad = a - torch.stack([s[i] for s in sent]).mean(0)
-                outer.step()
-                for m, s in zip(models, sent, strict=True):
-                    for p, a, si in zip(m.parameters(), anchor, s, strict=True):
-                        p.copy_(a + (p - si))
-            sent = [[p.detach().clone() for p in m.parameters()] for m in models]
-    with torch.no_grad():  # close(): the last mean arrives, with the outer step it was due
+    and each model restarts from the anchor plus its progress since it sent. ``close()`` applies
+    the last one."""
+    anchor, outer, models, inner = _replicas(workers)
+
+    @torch.no_grad()
+    def late_step(sent: list[list[torch.Tensor]]) -> None:
         for i, a in enumerate(anchor):
             a.grad = a - torch.stack([s[i] for s in sent]).mean(0)
         outer.step()
         for m, s in zip(models, sent, strict=True):
             for p, a, si in zip(m.parameters(), anchor, s, strict=True):
                 p.copy_(a + (p - si))
+
+    sent = None
+    step = 0
+    for _ in range(ROUNDS):
+        step = _inner_round(models, inner, step)
+        if sent is not None:
+            late_step(sent)
+        sent = [[p.detach().clone() for p in m.parameters()] for m in models]
+    late_step(sent)
     return [[p.detach().clone() for p in m.parameters()] for m in models]
 
 
