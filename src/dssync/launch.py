@@ -160,7 +160,7 @@ def spawn(
     collective_timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     backend: str = "gloo",
-    tick: Callable[[], None] | None = None,
+    tick: Callable[[], object] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` local ranks; return each rank's result, by rank.
 

@@ -36,6 +36,24 @@ class RunFailed(RuntimeError):
 Each = Callable[[int, "dict[str, Any] | RunFailed"], None]
 
 
+class Arrivals:
+    """The summaries a series of ``n`` runs writes in ``folder`` (``outs[i]`` for run ``i``),
+    each given to ``each`` as it appears, in order."""
+
+    def __init__(self, folder: Path, n: int, each: Each) -> None:
+        self.outs = [folder / f"summary{i}.json" for i in range(n)]
+        self.each = each
+        self.given = 0
+
+    def take(self) -> bool:
+        """Report the summaries written since the last call; whether there was any."""
+        start = self.given
+        while self.given < len(self.outs) and self.outs[self.given].is_file():
+            self.each(self.given, json.loads(self.outs[self.given].read_text()))
+            self.given += 1
+        return self.given > start
+
+
 class Runner:
     """Runs one configuration on local worker processes (gloo on loopback).
 
@@ -63,19 +81,13 @@ class Runner:
                 each(i, self.run(cfg))
             return
         with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
-            outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
-            given = 0
-
-            def tick() -> None:
-                nonlocal given
-                while given < len(cfgs) and outs[given].is_file():
-                    each(given, json.loads(outs[given].read_text()))
-                    given += 1
-
+            arrivals = Arrivals(Path(tmp), len(cfgs), each)
             try:
-                spawn_series(list(cfgs), self.workers, [str(o) for o in outs], tick)
+                spawn_series(
+                    list(cfgs), self.workers, [str(o) for o in arrivals.outs], arrivals.take
+                )
             finally:
-                tick()  # what was written before the end, an error's included
+                arrivals.take()  # what was written before the end, an error's included
 
 
 class ClusterRunner(Runner):
@@ -147,29 +159,28 @@ class ClusterRunner(Runner):
         number of runs reported. Each run has ``timeout_s`` from the end of the one before (the
         first, from the launch); the launch has :data:`EXIT_GRACE_S` to exit after the last."""
         with tempfile.TemporaryDirectory(prefix="dssync-compare-") as tmp:
-            outs = [Path(tmp) / f"summary{i}.json" for i in range(len(cfgs))]
+            arrivals = Arrivals(Path(tmp), len(cfgs), each)
             runs = [
-                {"config": asdict(c), "summary": str(o)} for c, o in zip(cfgs, outs, strict=True)
+                {"config": asdict(c), "summary": str(o)}
+                for c, o in zip(cfgs, arrivals.outs, strict=True)
             ]
             (Path(tmp) / "runs.json").write_text(json.dumps(runs))
             argv = [sys.executable, "-m", "dssync.train.worker", "--runs", f"{tmp}/runs.json"]
             agents = self.cluster.launch(argv, log_dir=Path(tmp), join_timeout_s=self.timeout_s)
             deadline = time.monotonic() + self.timeout_s  # each run has timeout_s of its own
-            given = 0
             try:
                 while True:
                     result = agents.poll(deadline)
-                    while given < len(cfgs) and outs[given].is_file():
-                        each(given, json.loads(outs[given].read_text()))
-                        given += 1
+                    if arrivals.take():
                         deadline = time.monotonic() + (
-                            self.timeout_s if given < len(cfgs) else EXIT_GRACE_S
+                            self.timeout_s if arrivals.given < len(cfgs) else EXIT_GRACE_S
                         )
                     if result is not None:
                         break
                     time.sleep(0.1)
             finally:
                 agents.kill()
+            given = arrivals.given
             if given < len(cfgs):
                 each(given, self._failed(cfgs[given], result, Path(tmp)))
                 given += 1

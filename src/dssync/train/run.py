@@ -71,7 +71,7 @@ def spawn_series(
     cfgs: list[TrainConfig],
     workers: int,
     summaries: list[str],
-    tick: Callable[[], None] | None = None,
+    tick: Callable[[], object] | None = None,
 ) -> None:
     """:func:`train_series` on ``workers`` local processes: rank 0 writes run ``i``'s summary to
     ``summaries[i]`` as it ends; ``tick()`` is called while they run (:func:`dssync.launch.spawn`)."""
