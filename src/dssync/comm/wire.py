@@ -121,7 +121,9 @@ class Int8(Codec):
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
         q, scale = _unpacked(msg[0])
-        rows = torch.mul(q.view(-1, CHUNK), scale[:, None])  # int8 * float32: one pass
+        # a cast, then a float multiply: the same bits as int8 * float32 in one mixed-dtype
+        # kernel, which ran 15x slower on a CPU (4M elements: 15 ms against 1 ms, one thread)
+        rows = q.view(-1, CHUNK).to(torch.float32).mul_(scale[:, None])
         return rows.reshape(-1)[:numel].to(dtype)
 
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
