@@ -333,6 +333,10 @@ class Exchange:
         At most ``window`` chunks are in phase 1 at a time: chunk c's phase 2 and chunk c+window's
         phase 1 are posted when chunk c's phase 1 is done, in the same order on both ranks (so
         the peers' messages match), keeping the link busy without queueing a whole buffer.
+
+        Buffers that make one chunk in all are swapped whole instead and both ranks take
+        ``(own + theirs) / 2`` (IEEE addition commutes: the same bits): one round trip, not
+        two, where no other chunk could hide the second (``tools/exchange_window.py``).
         """
         g = self._global(peer)
         first = self.rank < peer  # the lower rank owns the first half of each chunk
@@ -356,6 +360,10 @@ class Exchange:
                 low, high = slice(sl.start, mid), slice(mid, sl.stop)
                 own, other = (low, high) if first else (high, low)
                 plan.append((b, own, other, recv))
+        whole = len(plan) == 1
+        if whole:  # one chunk: swapped whole, summed by both
+            b, own, other, recv = plan[0]
+            plan[0] = (b, slice(0, b.numel()), slice(0, b.numel()), recv)
 
         def phase1(c: int) -> list:
             b, own, other, recv = plan[c]
@@ -370,6 +378,8 @@ class Exchange:
         for c, (b, own, other, recv) in enumerate(plan):
             done(ahead[c])  # b[other] sent (it may now be overwritten); my half arrived
             b[own].add_(recv[own]).div_(2)
+            if whole:
+                break
             back += post(swap_ops(b[other], b[own], g, self.parent))
             if c + self.window < len(plan):
                 ahead.append(phase1(c + self.window))
