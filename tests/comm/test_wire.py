@@ -145,7 +145,9 @@ def _ranks_run(wire: str, steps: int, schedule_name: str):
         model.weight.copy_(
             torch.randn(1, 2 * CHUNK, generator=torch.Generator().manual_seed(dist.get_rank()))
         )
-    schedule = Shuffle(2, seed=0) if schedule_name == "shuffle" else Global()
+    if schedule_name == "shuffle-pieces":  # a pair's buffer in two pieces, one in flight
+        monkeypatch_pieces(CHUNK, 1)
+    schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
     sync = DSSync(model, schedule=schedule, wire=wire, broadcast_init=False, timeout_s=30)
     for _ in range(steps):
         sync.step()
@@ -219,13 +221,27 @@ def test_two_stage_int8_on_8_ranks_keeps_the_sum_and_the_mean_within_two_steps()
     assert drift <= 2 * half_step * 1.01  # one encoding of the messages, one of the mean
 
 
+def monkeypatch_pieces(piece: int, window: int) -> None:
+    """In this worker process only: a pair sends pieces of ``piece`` elements, ``window`` at once."""
+    from dssync.comm import encoded
+
+    encoded.PIECE, encoded.WINDOW = piece, window
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "wire,schedule_name", [("int8", "shuffle"), ("bf16", "global"), ("int8", "global")]
+    "wire,schedule_name",
+    [
+        ("int8", "shuffle"),
+        ("int8", "shuffle-pieces"),
+        ("bf16", "shuffle-pieces"),
+        ("bf16", "global"),
+        ("int8", "global"),
+    ],
 )
 def test_distributed_path_gives_the_reference_bits(wire, schedule_name):
     got = spawn(_ranks_run, 4, args=(wire, 5, schedule_name), timeout_s=100)
-    schedule = Shuffle(2, seed=0) if schedule_name == "shuffle" else Global()
+    schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
     xs, es = _reference(wire, 4, 5, schedule)
     for r, (x, e) in enumerate(got):
         assert torch.equal(x, xs[r]), f"rank {r} differs from the one-process reference"

@@ -4,7 +4,11 @@ A pair swaps its messages point to point on the parent group (receives posted fi
 :func:`~dssync.comm.exchange.swap_ops`): every member encodes each buffer with error feedback,
 decodes its partner's message and its own, and both take the mean in group order, so they end
 with the same bits. Each moves one compressed buffer each way: a quarter of the fp32 bytes for
-int8.
+int8. The buffers go in pieces of :data:`PIECE` elements (whole int8 chunks, so the same bits as
+one encoding), :data:`WINDOW` in flight: a piece is encoded and sent while earlier ones cross
+the link and later ones arrive, as the fp32 exchange's chunks are
+(:class:`~dssync.comm.exchange.Exchange`); sent whole after encoding all of it, a pair's
+message waited for the whole encoding and then queued megabytes in a shaped link's limiter.
 
 A group of three or more (the whole parent group included: DiLoCo's global average) reduces in
 two stages, as a reduce-scatter then an all-gather would, so each member sends and receives
@@ -40,13 +44,24 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from dssync.comm.exchange import RollCall, swap_ops, wait
+from dssync.comm.exchange import DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import Tag, check_peers
-from dssync.comm.wire import Codec, detached, encode_with_feedback, mean_in_order, shares
+from dssync.comm.wire import (
+    CHUNK,
+    Codec,
+    detached,
+    encode_with_feedback,
+    mean_in_order,
+    shares,
+)
 
 # How a compressed group of three or more averages; `dssync bench` records it with its results.
 LARGE_GROUPS = "two-stage"
+# A pair's pieces: elements encoded and sent at once (whole int8 chunks; the elements of the fp32
+# exchange's chunk), and pieces in flight at once.
+PIECE = (DEFAULT_CHUNK_BYTES // 4) // CHUNK * CHUNK
+WINDOW = DEFAULT_WINDOW
 
 
 def encoded_average(
@@ -68,17 +83,60 @@ def encoded_average(
         return _two_stage(
             buffers, residuals, codec, process_group, group, rank, tag, deadline, roll
         )
-    sent, mine = [], []
-    for b, e in zip(buffers, residuals, strict=True):
-        msg, value = encode_with_feedback(codec, b, e)
-        sent.append(msg)
-        mine.append(value)
-    got, arrived = _swapped(sent, buffers, codec, process_group, group, rank, tag, deadline)
-    for i, b in enumerate(buffers):
-        values = [
-            mine[i] if r == rank else codec.decode(got[r][i], b.numel(), b.dtype) for r in group
+    return _pair(buffers, residuals, codec, process_group, group, rank, tag, deadline)
+
+
+def _pieces(buffers: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """``(buffer index, lo, hi)`` of each piece a pair encodes and sends at once, in order."""
+    return [
+        (i, lo, min(lo + PIECE, b.numel()))
+        for i, b in enumerate(buffers)
+        for lo in range(0, b.numel(), PIECE)
+    ]
+
+
+def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
+    """Two ranks: each piece encoded, swapped and averaged in turn (module docstring).
+
+    At most :data:`WINDOW` pieces are in flight: piece c+WINDOW is encoded and posted when piece
+    c has arrived, before c is decoded, in the same order on both ranks (so the messages match),
+    so encoding the next pieces runs while earlier ones cross the link. Pieces are whole int8
+    chunks, so the bits are those of encoding each buffer at once.
+    """
+    peer = group[0] if group[1] == rank else group[1]
+    g = _global(pg, peer)
+    device = buffers[0].device if buffers else torch.device("cpu")
+    tags, heads = _tag_ops(tag, [peer], pg, device)
+    pieces = _pieces(buffers)
+
+    def post(c: int) -> tuple:
+        i, lo, hi = pieces[c]
+        b = buffers[i]
+        msg, mine = encode_with_feedback(codec, b[lo:hi], residuals[i][lo:hi])
+        into = codec.empty(hi - lo, b)
+        ops = [
+            op for out, theirs in zip(msg, into, strict=True) for op in swap_ops(theirs, out, g, pg)
         ]
-        mean_in_order(values, out=b)  # decoded copies only: b is free to take the sum
+        return _post(ops), mine, into
+
+    timeout_s = max(deadline - time.monotonic(), 0.001)
+    tag_works = _post(heads)
+    ahead = [post(c) for c in range(min(WINDOW, len(pieces)))]
+    for w in tag_works:
+        wait(w, deadline, tag, group, timeout_s, [peer])
+    check_peers(tag, tags, group)
+    arrived = time.perf_counter()
+    for c, (i, lo, hi) in enumerate(pieces):
+        works, mine, into = ahead[c]
+        for w in works:
+            wait(w, deadline, tag, group, timeout_s, [peer])
+        if c + WINDOW < len(pieces):
+            ahead.append(post(c + WINDOW))
+        ahead[c] = None  # its buffers go as soon as they are used
+        b = buffers[i]
+        theirs = codec.decode(into, hi - lo, b.dtype)
+        # decoded copies only: the piece, encoded already, is free to take the mean
+        mean_in_order([mine, theirs] if rank == group[0] else [theirs, mine], out=b[lo:hi])
     return arrived
 
 
@@ -102,36 +160,6 @@ def _post(ops: list[dist.P2POp]) -> list:
         return []
     lend(op.tensor for op in ops)  # held by gloo's threads until they let go (see inflight)
     return dist.batch_isend_irecv(ops)
-
-
-def _swapped(sent, buffers, codec, pg, group, rank, tag, deadline):
-    """Messages swapped point to point; returns them and when every peer's tag had come.
-
-    The tags are posted first and waited for first, so what follows them is transfer: timed
-    after the data (as it was), a crossing of a slow link looked as quick as a local pair, and a
-    re-planning DS-Sync on a compressed wire crossed its bottleneck every step.
-    """
-    peers = [r for r in group if r != rank]
-    device = buffers[0].device if buffers else torch.device("cpu")
-    tags, heads = _tag_ops(tag, peers, pg, device)
-    got = {p: [codec.empty(b.numel(), b) for b in buffers] for p in peers}
-    ops = []
-    for p in peers:
-        for msg, into in zip(sent, got[p], strict=True):
-            for out, theirs in zip(msg, into, strict=True):
-                ops += swap_ops(theirs, out, _global(pg, p), pg)
-    timeout_s = max(deadline - time.monotonic(), 0.001)
-    known = peers if len(peers) == 1 else None
-    # two batches, posted in the same order on every member: on a backend that coalesces a batch
-    # into one work (nccl) the tags' work still completes before the data's
-    tag_works, data_works = _post(heads), _post(ops)
-    for w in tag_works:
-        wait(w, deadline, tag, group, timeout_s, known)
-    check_peers(tag, tags, group)
-    arrived = time.perf_counter()
-    for w in data_works:
-        wait(w, deadline, tag, group, timeout_s, known)
-    return got, arrived
 
 
 def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
