@@ -51,6 +51,12 @@ def test_int8_is_the_plain_formula_bit_for_bit(numel):
     (msg,) = codec_for("int8").encode(v)
     assert torch.equal(msg[: q.numel()], q)
     assert torch.equal(msg[q.numel() :].view(torch.float32), scale)
+    # what the encoder hands back as decoded is what a peer decodes, bit for bit
+    for x in (v, v.to(torch.bfloat16)):
+        (sent,), mine = codec_for("int8").encode_decoded(x)
+        assert torch.equal(sent, codec_for("int8").encode(x)[0])
+        assert mine.dtype == x.dtype
+        assert torch.equal(mine, codec_for("int8").decode([sent], numel, x.dtype))
 
 
 def test_mean_into_a_buffer_gives_the_bits_of_the_mean_with_a_temporary():
@@ -137,16 +143,22 @@ def test_int8_on_8_ranks_keeps_the_mean_and_reaches_consensus_to_within_its_step
     assert max(float(e.abs().max()) for e in int8["es"]) > 0
 
 
+def _size(schedule_name: str) -> int:
+    """Elements of the test's model: with pieces, four of them, the last inside a chunk."""
+    return 3 * CHUNK + 5 if schedule_name == "shuffle-pieces" else 2 * CHUNK
+
+
 def _ranks_run(wire: str, steps: int, schedule_name: str):
     torch.manual_seed(dist.get_rank())
     torch.set_num_threads(1)
-    model = torch.nn.Linear(2 * CHUNK, 1, bias=False)
+    n = _size(schedule_name)
+    model = torch.nn.Linear(n, 1, bias=False)
     with torch.no_grad():  # every rank its own start: averaging is what the test follows
         model.weight.copy_(
-            torch.randn(1, 2 * CHUNK, generator=torch.Generator().manual_seed(dist.get_rank()))
+            torch.randn(1, n, generator=torch.Generator().manual_seed(dist.get_rank()))
         )
-    if schedule_name == "shuffle-pieces":  # a pair's buffer in two pieces, one in flight
-        monkeypatch_pieces(CHUNK, 1)
+    if schedule_name == "shuffle-pieces":  # a pair's buffer in four pieces, two in flight
+        monkeypatch_pieces(CHUNK, 2)
     schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
     sync = DSSync(model, schedule=schedule, wire=wire, broadcast_init=False, timeout_s=30)
     for _ in range(steps):
@@ -154,9 +166,11 @@ def _ranks_run(wire: str, steps: int, schedule_name: str):
     return model.weight.detach().reshape(-1).clone(), sync.router.residuals.tensors[0].clone()
 
 
-def _reference(wire: str, world: int, steps: int, schedule) -> tuple[list, list]:
+def _reference(
+    wire: str, world: int, steps: int, schedule, n: int = 2 * CHUNK
+) -> tuple[list, list]:
     xs = [
-        torch.randn(1, 2 * CHUNK, generator=torch.Generator().manual_seed(r)).reshape(-1)
+        torch.randn(1, n, generator=torch.Generator().manual_seed(r)).reshape(-1)
         for r in range(world)
     ]
     es = [torch.zeros_like(x) for x in xs]
@@ -242,7 +256,7 @@ def monkeypatch_pieces(piece: int, window: int) -> None:
 def test_distributed_path_gives_the_reference_bits(wire, schedule_name):
     got = spawn(_ranks_run, 4, args=(wire, 5, schedule_name), timeout_s=100)
     schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
-    xs, es = _reference(wire, 4, 5, schedule)
+    xs, es = _reference(wire, 4, 5, schedule, _size(schedule_name))
     for r, (x, e) in enumerate(got):
         assert torch.equal(x, xs[r]), f"rank {r} differs from the one-process reference"
         assert torch.equal(e, es[r])

@@ -50,7 +50,6 @@ from dssync.comm.tags import Tag, check_peers
 from dssync.comm.wire import (
     CHUNK,
     Codec,
-    detached,
     encode_with_feedback,
     mean_in_order,
     shares,
@@ -60,7 +59,7 @@ from dssync.comm.wire import (
 LARGE_GROUPS = "two-stage"
 # A pair's pieces: elements encoded and sent at once (whole int8 chunks; the elements of the fp32
 # exchange's chunk), and pieces in flight at once.
-PIECE = (DEFAULT_CHUNK_BYTES // 4) // CHUNK * CHUNK
+PIECE = max((DEFAULT_CHUNK_BYTES // 4) // CHUNK, 1) * CHUNK
 WINDOW = DEFAULT_WINDOW
 
 
@@ -101,7 +100,8 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
     At most :data:`WINDOW` pieces are in flight: piece c+WINDOW is encoded and posted when piece
     c has arrived, before c is decoded, in the same order on both ranks (so the messages match),
     so encoding the next pieces runs while earlier ones cross the link. Pieces are whole int8
-    chunks, so the bits are those of encoding each buffer at once.
+    chunks, so the bits are those of encoding each buffer at once. A peer lost midway leaves the
+    pieces before it averaged and the rest as they were (as the fp32 exchange does).
     """
     peer = group[0] if group[1] == rank else group[1]
     g = _global(pg, peer)
@@ -128,8 +128,8 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
     arrived = time.perf_counter()
     for c, (i, lo, hi) in enumerate(pieces):
         works, mine, into = ahead[c]
-        for w in works:
-            wait(w, deadline, tag, group, timeout_s, [peer])
+        for w in works:  # the peer came (its tag was checked): a failure now is mid-transfer
+            wait(w, deadline, tag, group, timeout_s, [peer], came=True)
         if c + WINDOW < len(pieces):
             ahead.append(post(c + WINDOW))
         ahead[c] = None  # its buffers go as soon as they are used
@@ -199,8 +199,7 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
             mine[i] if r == rank else codec.decode(got[r][i], hi - lo, b.dtype) for r in group
         ]
         mean_in_order(values, out=own)  # decoded copies only: the share is free to take it
-        msg = detached(codec, own)  # own is overwritten below
-        back = codec.decode(msg, hi - lo, b.dtype)
+        msg, back = codec.encode_decoded(own)  # own is overwritten below
         e[lo:hi].add_(own - back, alpha=k)  # what every member loses now, sent again next time
         own.copy_(back)
         means.append(msg)

@@ -65,6 +65,11 @@ class Codec:
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
         return msg[0].to(dtype)
 
+    def encode_decoded(self, v: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The message of ``v`` (sharing no memory with it) and what every peer decodes from it."""
+        msg = detached(self, v)
+        return msg, self.decode(msg, v.numel(), v.dtype)
+
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
         """Receive buffers for a peer's message of a buffer of ``numel`` elements."""
         return [torch.empty(numel, dtype=like.dtype, device=like.device)]
@@ -104,7 +109,13 @@ class Int8(Codec):
     name = "int8"
 
     def encode(self, v: torch.Tensor) -> list[torch.Tensor]:
-        v = v.float()
+        return self.encode_decoded(v)[0]
+
+    def encode_decoded(self, v: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The message and its decoded value in one go: the rounded quotients, kept as floats,
+        times the scales are what :meth:`decode` gives (the same bits: they are whole numbers
+        within int8's range), so the int8 values are not cast back."""
+        dtype, v = v.dtype, v.float()
         full, n = v.numel() // CHUNK, _chunks(v.numel())
         msg = torch.empty(n * (CHUNK + 4), dtype=torch.int8, device=v.device)
         q, scale = _unpacked(msg)
@@ -115,9 +126,12 @@ class Int8(Codec):
         for rows, at in parts:  # max |v| without a temporary |v|: max(amax, -amin)
             torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_(), out=scale[at])
         scale.div_(127.0).masked_fill_(scale == 0, 1.0)
-        for rows, at in parts:  # |v| / scale <= 127 by construction: no clamp needed
-            q.view(-1, CHUNK)[at].copy_(torch.div(rows, scale[at, None]).round_())
-        return [msg]
+        steps = torch.empty(n, CHUNK, device=v.device)  # |v| / scale <= 127: no clamp needed
+        for rows, at in parts:
+            torch.div(rows, scale[at, None], out=steps[at]).round_()
+        q.view(n, CHUNK).copy_(steps)
+        mine = steps.mul_(scale[:, None]).view(-1)[: v.numel()]
+        return [msg], mine.to(dtype)
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
         q, scale = _unpacked(msg[0])
@@ -218,8 +232,7 @@ def encode_with_feedback(
     Returns the message and its decoded value (what every peer will decode from it).
     """
     v = residual.add_(buffer)  # buffer + residual, formed in the residual's own memory
-    msg = detached(codec, v)  # v changes below
-    mine = codec.decode(msg, v.numel(), v.dtype)
+    msg, mine = codec.encode_decoded(v)  # shares no memory with v, which changes below
     residual.sub_(mine)
     return msg, mine
 
