@@ -8,7 +8,9 @@ deadline; both leave every member with bit-identical buffers (the group mean) or
   of ``chunk_bytes``, combined in order as they arrive, so the link stays busy while an earlier
   chunk is summed. A pair works like a two-rank all_reduce: each rank sends the half of a chunk
   its peer owns, averages the half it owns, and sends that back; bytes per direction equal a
-  whole-buffer exchange, each rank adds only half, and both hold the same bits. A pair keeps
+  whole-buffer exchange, each rank adds only half, and both hold the same bits (buffers of
+  one chunk in all are swapped whole and summed by both, whose sums commute: one round trip,
+  not two). A pair keeps
   only ``window`` chunks in that first phase at a time: a whole buffer posted both ways at once
   queued megabytes in the rate limiter of a shaped link, and on the emulated cluster's slow
   links such a pair ran well behind an all_reduce pair (figures at ``DEFAULT_CHUNK_BYTES``).
@@ -335,8 +337,9 @@ class Exchange:
         the peers' messages match), keeping the link busy without queueing a whole buffer.
 
         Buffers that make one chunk in all are swapped whole instead and both ranks take
-        ``(own + theirs) / 2`` (IEEE addition commutes: the same bits): one round trip, not
-        two, where no other chunk could hide the second (``tools/exchange_window.py``).
+        ``(own + theirs) / 2`` (IEEE addition commutes: the same bits, NaN payloads aside, which
+        only a diverged run has): one round trip, not two, where no other chunk could hide the
+        second (``tools/exchange_window.py``).
         """
         g = self._global(peer)
         first = self.rank < peer  # the lower rank owns the first half of each chunk
