@@ -83,6 +83,14 @@ def _x(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
+def _counted(methods: dict) -> str:
+    """What the bytes of a run's table cover: from the end of the warm-up, where every run
+    says so (``bytes_counted_from``), else the whole run (files before it was recorded)."""
+    if methods and all(r.get("bytes_counted_from") == "warm-up" for r in methods.values()):
+        return ", nor in the bytes (counted from rank 0's end of the warm-up)"
+    return ""
+
+
 def section(name: str, run: dict) -> list[str]:
     meta, s = run.get("meta", {}), run["settings"]
     lines = []
@@ -92,8 +100,8 @@ def section(name: str, run: dict) -> list[str]:
             f"## {(meta.get('title') if len(run['results']) == 1 else None) or scenario}",
             "",
             f"{s['params'] / 1e6:g}M parameters (fp32), {workers or '?'} workers; {s['steps']} "
-            f"steps, the first {s['warmup']} not counted. Run {meta.get('date', '?')} at commit "
-            f"{meta.get('commit') or '?'}:",
+            f"steps, the first {s['warmup']} not counted{_counted(methods)}. Run "
+            f"{meta.get('date', '?')} at commit {meta.get('commit') or '?'}:",
             "",
             f"    {meta.get('command', '?')}",
             "",
@@ -153,9 +161,10 @@ def page(found: dict[str, dict], costs: dict[str, dict] | None = None) -> str:
         "synchronization. *MB per iteration* is what crossed the busiest link (read from the "
         "links' byte counters), *bytes vs fp32* the same over the run that differs only by "
         "sending fp32, and the *link-rate bound* the time the links' rates allow the method's "
-        "plan at best, as `dssync.bench.bounds` computes it (blank where it is not worked out). The byte counters cover the whole run, "
-        "so the topology-aware presets' rows include their start-up link probe, a fixed share "
-        "that neither the bound nor the wire format changes. Time to a target accuracy, which also "
+        "plan at best, as `dssync.bench.bounds` computes it (blank where it is not worked out). The byte counters cover the whole run "
+        "unless a table says they count from the end of the warm-up; over the whole run the "
+        "topology-aware presets' rows include their start-up link probe, a fixed share that "
+        "neither the bound nor the wire format changes. Time to a target accuracy, which also "
         "counts what local steps and compression cost in accuracy, is in "
         "[Time to train](time-to-train.md).",
         "",

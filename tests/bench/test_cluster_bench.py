@@ -133,6 +133,7 @@ def test_tiny_bench_run(tmp_path):
         for key in ("sync_time_s", "iter_time_s", "lower_bound_s"):
             assert r[key] > 0, (key, r)
         assert r["max_link_bytes_per_iter"] > 0
+        assert r["bytes_counted_from"] in ("warm-up", "launch")
         assert set(r["tbf_drops"]) == set(load_cluster("tiny").link_names())
         assert isinstance(r["tcp_retransmits"], int) and isinstance(r["tcp_timeouts"], int)
     assert (tmp_path / "b.png").stat().st_size > 0

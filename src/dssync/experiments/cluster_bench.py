@@ -166,21 +166,19 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
         argv += ["--options", json.dumps(s.options)]
     before, lost_before = cluster.link_bytes(), cluster.losses()
     agents = cluster.launch(argv, log_dir=work / "logs", join_timeout_s=s.timeout_s)
-    events = (
-        _EventsWhenWarm(cluster, work / "progress.json", steps - s.warmup) if spec.events else None
-    )
+    events = _WhenWarm(cluster, work / "progress.json", steps - s.warmup, bool(spec.events))
     try:
         result = agents.wait(s.timeout_s)
     finally:
-        if events:
-            events.stop()
+        events.stop()
         for link, rate in spec.link_rates().items():
             cluster.set_rate(link, rate)
     if not result.ok:
         raise ClusterError(
             f"{spec.name} / {method}: {result.summary()}; see the logs in {work / 'logs'}"
         )
-    moved = diff(cluster.link_bytes(), before)
+    cluster_bytes_after = cluster.link_bytes()
+    moved = diff(cluster_bytes_after, before)
     lost = cluster.losses() - lost_before
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(spec.world_size)]
     out = summarize(ranks, s.warmup)
@@ -194,12 +192,23 @@ def run_method(cluster: Cluster, method: str, s: BenchSettings) -> dict[str, Any
     out["step_bound_s"] = lower_bound(
         spec, method, nbytes, s.repeat, per_step=True, compressed=packed
     )
-    out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
+    # from rank 0's end of warm-up: the timed steps' traffic, without the start-up (the
+    # rendezvous, the first broadcast, a topology-aware preset's link probe), over the steps
+    # rank 0 began after the counters were read (a step in flight then counts its rest: if
+    # anything, more bytes a step than were sent)
+    after = sum(1 for t0, _, _ in ranks[0]["records"] if t0 >= events.warm_at)
+    if events.bytes_at_warm is not None and after:
+        steady = diff(cluster_bytes_after, events.bytes_at_warm)
+        out["bytes_per_iter"] = {k: v.total / after for k, v in steady.items()}
+        out["bytes_counted_from"] = "warm-up"
+    else:
+        out["bytes_per_iter"] = {k: v.total / steps for k, v in moved.items()}
+        out["bytes_counted_from"] = "launch"
     out["max_link_bytes_per_iter"] = max(out["bytes_per_iter"].values())
     out["steps"] = steps
     out["tbf_drops"] = lost.drops
     out["tcp_retransmits"], out["tcp_timeouts"] = lost.retransmits, lost.timeouts
-    if spec.events and events is not None:
+    if spec.events:
         contended = {**spec.link_rates()}
         for e in spec.events[:1]:
             contended.update({k: e.rate_mbit for k in spec.expand_link(e.link)})
@@ -245,11 +254,15 @@ def compressed(options: dict[str, Any]) -> bool:
     return (options.get("wire") or "fp32") != "fp32"
 
 
-class _EventsWhenWarm:
-    """Starts a Scenario for ``spec.events`` once rank 0 has written its warm-up pace."""
+class _WhenWarm:
+    """Once rank 0 has written its warm-up pace: reads the links' byte counters
+    (``bytes_at_warm``) and, with ``events``, starts a Scenario for ``spec.events``."""
 
-    def __init__(self, cluster: Cluster, progress: Path, steps_left: int) -> None:
+    def __init__(self, cluster: Cluster, progress: Path, steps_left: int, events: bool) -> None:
         self.cluster, self.progress, self.steps_left = cluster, progress, steps_left
+        self.events = events
+        self.bytes_at_warm: dict | None = None
+        self.warm_at = float("inf")  # when they were read (time.monotonic, as the ranks time)
         self.scenario: Scenario | None = None
         self.started_at = 0.0
         self._stop = threading.Event()
@@ -263,6 +276,10 @@ class _EventsWhenWarm:
                     pace = json.loads(self.progress.read_text())["pace_s"]
                 except (ValueError, KeyError):
                     continue
+                self.warm_at = time.monotonic()
+                self.bytes_at_warm = self.cluster.link_bytes()
+                if not self.events:
+                    return
                 self.started_at = time.monotonic()
                 self.scenario = Scenario(
                     self.cluster.set_rate,
