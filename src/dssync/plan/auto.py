@@ -30,7 +30,7 @@ race. On S4, whose uplink probes at the hosts' rate until contention comes, int8
 2.3 s (1.8-2.6) against 2.2 s (2.0-3.1) and more steps (81 against 72), so there the pick stays
 fp32 (docs/history.md, ninth session). In pairs (a slow host) int8 measured no faster (2.8 s
 against 2.7 s on S3), nor with int8's faster decoder and streamed pairs (2.6 s (2.0-2.9)
-against 2.4 s (2.1-3.3), more steps; docs/history.md, tenth session), so pairs keep fp32.
+against 2.4 s (2.0-3.3); docs/history.md, tenth session), so pairs keep fp32.
 
 A local-step pick applies DiLoCo's outer step (:data:`OUTER`: SGD with Nesterov momentum on the
 averaged pseudo-gradient) unless ``--outer`` says otherwise: at one average every 16 steps it cut
