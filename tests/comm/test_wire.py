@@ -56,7 +56,9 @@ def test_int8_is_the_plain_formula_bit_for_bit(numel):
         (sent,), mine = codec_for("int8").encode_decoded(x)
         assert torch.equal(sent, codec_for("int8").encode(x)[0])
         assert mine.dtype == x.dtype
-        assert torch.equal(mine, codec_for("int8").decode([sent], numel, x.dtype))
+        peer = codec_for("int8").decode([sent], numel, x.dtype)
+        bits = torch.int32 if x.dtype == torch.float32 else torch.int16  # -0.0 is not 0.0 here
+        assert torch.equal(mine.view(bits), peer.view(bits))
 
 
 def test_mean_into_a_buffer_gives_the_bits_of_the_mean_with_a_temporary():

@@ -114,7 +114,7 @@ class Int8(Codec):
     def encode_decoded(self, v: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The message and its decoded value in one go: the rounded quotients, kept as floats,
         times the scales are what :meth:`decode` gives (the same bits: they are whole numbers
-        within int8's range), so the int8 values are not cast back."""
+        within int8's range, once -0.0 is made 0.0), so the int8 values are not cast back."""
         dtype, v = v.dtype, v.float()
         full, n = v.numel() // CHUNK, _chunks(v.numel())
         msg = torch.empty(n * (CHUNK + 4), dtype=torch.int8, device=v.device)
@@ -130,7 +130,8 @@ class Int8(Codec):
         for rows, at in parts:
             torch.div(rows, scale[at, None], out=steps[at]).round_()
         q.view(n, CHUNK).copy_(steps)
-        mine = steps.mul_(scale[:, None]).view(-1)[: v.numel()]
+        # + 0.0 turns the -0.0 that rounding a small negative gives into the 0.0 a peer decodes
+        mine = steps.mul_(scale[:, None]).add_(0.0).view(-1)[: v.numel()]
         return [msg], mine.to(dtype)
 
     def decode(self, msg: list[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
