@@ -10,8 +10,7 @@ deadline; both leave every member with bit-identical buffers (the group mean) or
   its peer owns, averages the half it owns, and sends that back; bytes per direction equal a
   whole-buffer exchange, each rank adds only half, and both hold the same bits (buffers of
   one chunk in all are swapped whole and summed by both, whose sums commute: one round trip,
-  not two). A pair keeps
-  only ``window`` chunks in that first phase at a time: a whole buffer posted both ways at once
+  not two). A pair keeps only ``window`` chunks in that first phase at a time: a whole buffer posted both ways at once
   queued megabytes in the rate limiter of a shaped link, and on the emulated cluster's slow
   links such a pair ran well behind an all_reduce pair (figures at ``DEFAULT_CHUNK_BYTES``).
   A larger group swaps whole chunks with every member and each member sums them in group
