@@ -67,7 +67,9 @@ class Router:
 
     Every rank of the parent group makes a Router at the same point (it may create the groups of
     a repeating schedule). ``created`` counts the process groups it made; it only grows in
-    :meth:`prepare`, never while averaging.
+    :meth:`prepare`, never while averaging. ``inband=False`` sends a pair's tag in a message of its
+    own even where it could ride in the data's (:class:`~dssync.comm.exchange.Exchange`), so that
+    :attr:`arrived` is always set.
 
     Example::
 
@@ -86,6 +88,7 @@ class Router:
         max_groups: int = MAX_GROUPS,
         device: torch.device | None = None,
         wire: str = "fp32",
+        inband: bool = True,
     ) -> None:
         self.codec = codec_for(wire)
         self.residuals = Residuals()  # the error memory of a compressed wire
@@ -101,7 +104,7 @@ class Router:
         self.rank = dist.get_rank(self.parent)
         self.timeout_s = float(timeout_s)
         self.bucket_bytes = bucket_bytes
-        self.exchange = Exchange(self.parent, chunk_bytes)
+        self.exchange = Exchange(self.parent, chunk_bytes, inband=inband)
         self.roll = RollCall(self.parent)  # finds the missing ranks of a failed collective
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()

@@ -1,9 +1,11 @@
 """Flat buckets: tensors laid out in a few contiguous buffers so one collective moves many tensors.
 
 ``FlatBuckets`` rebinds each tensor's storage to a view of its bucket, so averaging a bucket
-averages the tensors in place with no copy in or out. Tensors that cannot be re-laid (optimizer
-state, a torch averager's parameters) are copied in and out with :func:`pack` and :func:`unpack`;
-both kinds of buffer then go through the same routine in :mod:`dssync.comm.averager`.
+averages the tensors in place with no copy in or out. Each bucket keeps ``ROOM_BYTES`` spare after
+its end (:func:`room_of`), where a pair exchange may carry its tag. Tensors that cannot be
+re-laid (optimizer state, a torch averager's parameters) are copied in and out with :func:`pack`
+and :func:`unpack`; both kinds of buffer then go through the same routine in
+:mod:`dssync.comm.averager`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from dssync.comm.tags import layout_of
 from dssync.errors import UsageError
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+# Spare bytes kept after each bucket: a pair whose whole model is one message writes its tag
+# there and sends it in the data's own message (:mod:`dssync.comm.exchange`), one message not two.
+ROOM_BYTES = 24
 
 
 class FlatBuckets:
@@ -40,7 +45,8 @@ class FlatBuckets:
         self.tensors = list(tensors)
         self.buffers: list[torch.Tensor] = []
         for members in plan_buckets(self.tensors, bucket_bytes):
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
+            flat = _roomy(sum(t.numel() for t in members), members[0])
+            torch.cat([t.detach().reshape(-1) for t in members], out=flat)
             offset = 0
             for t in members:
                 n = t.numel()
@@ -64,6 +70,23 @@ class FlatBuckets:
     def layout(self) -> int:
         """Fingerprint of the buckets' sizes and dtypes (what a peer's buckets must match)."""
         return layout_of(self.buffers)
+
+
+def _roomy(numel: int, like: torch.Tensor) -> torch.Tensor:
+    """An empty flat buffer of ``numel`` elements with ``ROOM_BYTES`` of its own after its end."""
+    spare = -(-ROOM_BYTES // like.element_size())
+    whole = torch.empty(numel + spare, dtype=like.dtype, device=like.device)
+    flat = whole[:numel]
+    flat._dssync_room = whole  # only this object carries it: a slice of it has no room
+    return flat
+
+
+def room_of(b: torch.Tensor) -> torch.Tensor | None:
+    """``b`` and the spare bytes after it, if ``b`` is a bucket made with them; else None."""
+    whole = getattr(b, "_dssync_room", None)
+    if whole is None or whole.data_ptr() != b.data_ptr() or whole.numel() <= b.numel():
+        return None
+    return whole
 
 
 def plan_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:

@@ -5,9 +5,10 @@ A tag is three integers: the kind of averaging (a schedule step, ``average_all``
 dtypes of the flat buffers). It travels in the same operation as the data, as a small int64
 tensor on the data's device:
 
-* In a point-to-point exchange each peer's tag is sent first in the same batch as the data and
+* In a point-to-point exchange each peer's tag is sent first, posted with the data, and
   compared exactly (integers, no floating sum) before any received byte is used, so a mismatch
-  mixes nothing.
+  mixes nothing. A pair whose model is one message sends it in the spare bytes after the data
+  (:func:`dssync.comm.buckets.room_of`), still checked before the data is used.
 * In a collective the tag tensor holds ``[t, -t]`` and is all-reduced with ``MAX`` beside the data:
   the maximum of ``t`` and of ``-t`` equal ``t`` and ``-t`` on every rank exactly when every rank
   sent the same ``t``. Integer max is exact for any value (no overflow, no rounding), whatever the

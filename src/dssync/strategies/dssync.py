@@ -196,6 +196,7 @@ class DSSync(Strategy, Joinable):
             pairs=pairs,
             device=device,
             wire=self.wire,
+            inband=not replan,  # re-planning times the transfer after the tags came apart
         )
         if broadcast_init:
             with torch.no_grad():
