@@ -38,7 +38,7 @@ def _pair() -> dict:
         out[f"room {dtype}"] = room_of(roomy) is not None and room_of(plain) is None
         r = Router(None)
         out[f"posts {dtype}"] = [
-            _posts(lambda b=b: r.average(pair, STEP, 3, buffers=[b])) for b in (roomy, plain)
+            _posts(lambda b=b, r=r: r.average(pair, STEP, 3, buffers=[b])) for b in (roomy, plain)
         ]
         out[f"arrived {dtype}"] = r.arrived is not None  # after the plain one
         out[f"same bits {dtype}"] = torch.equal(roomy.view(torch.uint8), plain.view(torch.uint8))
@@ -72,9 +72,8 @@ def test_the_tag_rides_in_the_data_and_is_checked_before_use():
             assert r[f"same bits {dtype}"], "the tag in the data changed the mean's bits"
         assert ranks[0][f"mean {dtype}"] == ranks[1][f"mean {dtype}"]
         assert ranks[2][f"mean {dtype}"] == ranks[3][f"mean {dtype}"]
-        want = [(a + b) / 2 for a, b in zip(*(_bucket(dtype, k).float() for k in (0, 1)))]
-        if dtype == torch.float32:
-            assert ranks[0][f"mean {dtype}"] == [float(x) for x in want]
+        a, b = (_bucket(dtype, k) for k in (0, 1))
+        assert ranks[0][f"mean {dtype}"] == ((a + b) / 2).float().tolist()
     for rank, r in enumerate(ranks):
         assert r["posts kept apart"] == 2 and r["arrived kept apart"]
         assert r["posts of a slice"] == 2  # a slice of a bucket has no room of its own
