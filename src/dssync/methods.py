@@ -488,13 +488,21 @@ def configure(cfg: TrainConfig) -> TrainConfig:
     if method.build is _auto:
         return replace(cfg, **method.settings)
     filled = {
-        k: method.options.get(k, default)
-        for k, default in OPTIONS.items()
+        k: preset_value(cfg.sync, k)
+        for k in OPTIONS
         if k in method.takes and getattr(cfg, k) is None
     }
     if cfg.group_size is None:
-        filled["group_size"] = GROUP_SIZE
+        filled["group_size"] = preset_value(cfg.sync, "group_size")
     return replace(cfg, **method.settings, **filled)
+
+
+def preset_value(name: str, option: str) -> Any:
+    """What method ``name`` runs for ``option`` (one of ``OPTIONS``, or ``group_size``) when it
+    is not given: the preset's own value, else the default."""
+    if option == "group_size":
+        return GROUP_SIZE
+    return get_method(name).options.get(option, OPTIONS[option])
 
 
 def for_method(cfg: TrainConfig, name: str) -> TrainConfig:

@@ -30,7 +30,7 @@ from dssync.comm.clock import clock
 from dssync.comm.meta import bounded, from_first, slowest
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
-from dssync.methods import DEFAULT_WINDOW, GROUP_SIZE, OPTIONS, RATES, get_method, with_pick
+from dssync.methods import DEFAULT_WINDOW, RATES, get_method, preset_value, with_pick
 from dssync.topology import Topology, detect
 from dssync.train.checkpoint import (
     CheckpointDamaged,
@@ -142,11 +142,7 @@ def _effective(decision: Decision, option: str) -> Any:
     """What the kept pick ran for ``option``: its own value, else its method's (pairs for the
     group size), so ``--every 4`` against a pick that kept its preset's 4 is no change."""
     value = getattr(decision, option)
-    if value is not None:
-        return value
-    if option == "group_size":
-        return GROUP_SIZE
-    return get_method(decision.method).options.get(option, OPTIONS[option])
+    return preset_value(decision.method, option) if value is None else value
 
 
 def _used(decision: Decision, option: str) -> str:
