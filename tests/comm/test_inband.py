@@ -36,11 +36,11 @@ def _pair() -> dict:
         roomy = _bucket(dtype, rank)
         plain = roomy.clone()  # the same values, no room after it
         out[f"room {dtype}"] = room_of(roomy) is not None and room_of(plain) is None
-        r = Router(None)
-        out[f"posts {dtype}"] = [
-            _posts(lambda b=b, r=r: r.average(pair, STEP, 3, buffers=[b])) for b in (roomy, plain)
-        ]
-        out[f"arrived {dtype}"] = r.arrived is not None  # after the plain one
+        r, posts, arrived = Router(None), [], []
+        for b in (roomy, plain):
+            posts.append(_posts(lambda b=b, r=r: r.average(pair, STEP, 3, buffers=[b])))
+            arrived.append(r.arrived is not None)
+        out[f"posts {dtype}"], out[f"arrived {dtype}"] = posts, arrived
         out[f"same bits {dtype}"] = torch.equal(roomy.view(torch.uint8), plain.view(torch.uint8))
         out[f"mean {dtype}"] = roomy.float().tolist()
     kept = Router(None, inband=False)
@@ -68,7 +68,7 @@ def test_the_tag_rides_in_the_data_and_is_checked_before_use():
         for r in ranks:
             assert r[f"room {dtype}"]
             assert r[f"posts {dtype}"] == [1, 2], "the tag rode apart, or the plain path changed"
-            assert r[f"arrived {dtype}"]
+            assert r[f"arrived {dtype}"] == [False, True]  # tags and data came as one
             assert r[f"same bits {dtype}"], "the tag in the data changed the mean's bits"
         assert ranks[0][f"mean {dtype}"] == ranks[1][f"mean {dtype}"]
         assert ranks[2][f"mean {dtype}"] == ranks[3][f"mean {dtype}"]

@@ -69,7 +69,7 @@ class Router:
     a repeating schedule). ``created`` counts the process groups it made; it only grows in
     :meth:`prepare`, never while averaging. ``inband=False`` sends a pair's tag in a message of its
     own even where it could ride in the data's (:class:`~dssync.comm.exchange.Exchange`), so that
-    :attr:`arrived` is always set.
+    :attr:`arrived` is set after every average with a peer.
 
     Example::
 

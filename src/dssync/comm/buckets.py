@@ -76,6 +76,7 @@ def _roomy(numel: int, like: torch.Tensor) -> torch.Tensor:
     """An empty flat buffer of ``numel`` elements with ``ROOM_BYTES`` of its own after its end."""
     spare = -(-ROOM_BYTES // like.element_size())
     whole = torch.empty(numel + spare, dtype=like.dtype, device=like.device)
+    whole[numel:].zero_()  # no stale memory in a saved storage
     flat = whole[:numel]
     flat._dssync_room = whole  # only this object carries it: a slice of it has no room
     return flat

@@ -405,11 +405,18 @@ class Exchange:
         the tag is written into that room and swapped with the data in one message each way.
         The received tag is checked before any received byte is used, as in the other paths.
         One message fewer each way than the tag sent apart: at 1M parameters (one 4 MB chunk) a
-        step cost 1.04-1.10x of a raw exchange against 1.14-1.25x, at 100k 3.0-3.1 ms against
-        3.6-4.0 ms (``dssync bench-sync``, docs/results/bench-sync/loopback-4-tag-*.json)."""
+        step cost 1.04-1.10x of a raw exchange against 1.14-1.25x, at 100k 2.9-3.1 ms against
+        3.6-4.0 ms (``dssync bench-sync``, docs/results/bench-sync/loopback-4-tag-*.json).
+
+        Both ranks must take this path alike: ``DSSync`` buckets agree across ranks (their
+        layout is checked at start-up), and so does ``inband`` (from ``replan``). Buffers of
+        different sizes are not caught by the tag on either path, as the data is posted before
+        the tags are checked: gloo aborts the process that receives the longer message
+        (``gloo::EnforceNotMet``, seen with the tag apart too), and on nccl they are undefined."""
         n = b.numel()
         room[n:].view(torch.uint8)[:ROOM_BYTES].copy_(tag.tensor(b.device).view(torch.uint8))
         recv = self._scratch((0, 0), room)
+        recv[n:].zero_()  # a shorter message from a peer of another layout reads as no tag
         done(post(swap_ops(recv, room, self._global(peer), self.parent)))
         theirs = recv[n:].view(torch.uint8)[:ROOM_BYTES].clone().view(torch.int64)
         check_peers(tag, {peer: theirs}, group)
