@@ -35,9 +35,21 @@ case "$msg" in *"dssync[lab]"*) echo "wheel-check: dssync without the extra: $ms
 # Each rank's "rank R: weight norm X" (two ranks' prints may share a line of the pipe).
 results() { grep -o 'rank [0-9]*: weight norm -\?[0-9.]*' quickstart.log; }
 
-# No retry: an abort at exit fails the check (fixed in comm/inflight.py; issue 27).
+# gloo's abort at process exit ("terminate called without an active exception", issue 27) is
+# rare since comm/inflight.py, not gone: 0 of 70 runs here on 2026-12-06 (60 beside two busy
+# processes, 40 of them `tools/exit_aborts.py --runs 40 --load 2 --example library`), once in
+# that day's CI, after both ranks had printed the same model. Exactly that abort, after both ranks printed,
+# is run once more and said aloud; a second abort, or any other failure, fails the check.
+ABORT="terminate called without an active exception"
 ok=0
-timeout 300 "$V/torchrun" --standalone --nproc-per-node 2 "$ROOT/examples/quickstart.py" >quickstart.log 2>&1 && ok=1
+for try in 1 2; do
+  timeout 300 "$V/torchrun" --standalone --nproc-per-node 2 "$ROOT/examples/quickstart.py" >quickstart.log 2>&1 && { ok=1; break; }
+  if [ "$try" -eq 1 ] && grep -q "$ABORT" quickstart.log && [ "$(results | wc -l)" -eq 2 ]; then
+    echo "wheel-check: WARNING: a rank aborted at exit after both printed (gloo's exit race, issue 27); once more"
+  else
+    break
+  fi
+done
 [ "$ok" -eq 1 ] || { tail -30 quickstart.log; echo "wheel-check: the quickstart failed"; exit 1; }
 [ "$(results | sed 's/^rank [0-9]*: //' | sort -u | wc -l)" -eq 1 ] && [ "$(results | wc -l)" -eq 2 ] \
   || { cat quickstart.log; echo "wheel-check: the ranks did not end with one model"; exit 1; }
