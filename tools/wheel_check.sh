@@ -36,10 +36,10 @@ case "$msg" in *"dssync[lab]"*) echo "wheel-check: dssync without the extra: $ms
 results() { grep -o 'rank [0-9]*: weight norm -\?[0-9.]*' quickstart.log; }
 
 # gloo's abort at process exit ("terminate called without an active exception", issue 27) is
-# rare since comm/inflight.py, not gone: 0 of 70 runs here on 2026-12-06 (60 beside two busy
-# processes, 40 of them `tools/exit_aborts.py --runs 40 --load 2 --example library`), once in
-# that day's CI, after both ranks had printed the same model. Exactly that abort, after both ranks printed,
-# is run once more and said aloud; a second abort, or any other failure, fails the check.
+# rare since comm/inflight.py, not gone: 0 of 40 runs of `tools/exit_aborts.py --runs 40 --load 2
+# --example library` on 2026-12-06, once in that day's CI, after both ranks had printed the same
+# model. Exactly that abort, after both ranks printed, is run once more and said aloud; a second
+# abort, or any other failure, fails the check.
 ABORT="terminate called without an active exception"
 ok=0
 for try in 1 2; do
