@@ -1,11 +1,13 @@
-# Run with `torchrun --nproc-per-node 2 quickstart.py`. With one GPU per rank use "nccl".
+# Run with `torchrun --nproc-per-node 2 quickstart.py`: nccl with one GPU per rank, else gloo.
 import torch
 import torch.distributed as dist
 
 import dssync
 
-dist.init_process_group("gloo")
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = dssync.local_device()  # cuda:LOCAL_RANK where there are GPUs, else the CPU
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 torch.manual_seed(dist.get_rank())  # each rank its own data
 data = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randint(0, 2, (512,)))
 loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)

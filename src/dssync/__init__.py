@@ -24,6 +24,7 @@ importable from here and needs only torch (the ``dssync`` command and the lab co
 
 from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
+from dssync.comm.devices import local_device
 from dssync.errors import DSSyncError, PeerLost, SyncError, UsageError
 from dssync.schedules import (
     Butterfly,
@@ -69,6 +70,7 @@ __all__ = [
     "UsageError",
     "consensus_distance",
     "detect",
+    "local_device",
     "mixing_matrix",
     "nesterov",
     "plan_topology_aware",

@@ -42,6 +42,7 @@ from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
+from dssync.comm.devices import check_device, local_device
 from dssync.comm.encoded import encoded_average
 from dssync.comm.exchange import (
     DEFAULT_CHUNK_BYTES,
@@ -112,15 +113,17 @@ class Router:
         self.arrived: float | None = None  # when the last average's members had all come
         self.pairs = pairs
         self.max_groups = max_groups
-        if dist.get_backend(self.parent) == dist.Backend.NCCL:
+        backend = dist.get_backend(self.parent)
+        if backend == dist.Backend.NCCL and device is None:
+            device = local_device()
+        check_device(backend, device)
+        if backend == dist.Backend.NCCL:
             self._first_collective(device)
         if schedule is not None:
             self.prepare(schedule)
 
-    def _first_collective(self, device: torch.device | None) -> None:
+    def _first_collective(self, device: torch.device) -> None:
         """One all_reduce of one element on the parent group, before any point-to-point op."""
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         one = torch.zeros(1, device=device)
         lend([one])
         work = dist.all_reduce(one, group=self.parent, async_op=True)

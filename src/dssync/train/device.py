@@ -1,7 +1,7 @@
 """Where a rank trains: the device, the backend that goes with it, and a clock that waits for it.
 
 ``auto`` is CUDA when it is present (the GPU numbered by LOCAL_RANK), else the CPU. On CUDA the
-process group is nccl, on the CPU gloo. :class:`Clock` binds a device to
+process group is nccl (one GPU per rank), on the CPU gloo. :class:`Clock` binds a device to
 :func:`dssync.comm.clock.clock`, which waits for the device before it reads the time, so a timed
 span covers the kernels it launched, not only their launch.
 """
@@ -42,13 +42,21 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
 
 
 def backend_for(device: torch.device, ranks_per_host: int = 1) -> str:
-    """nccl for CUDA devices when every rank of a host has a GPU of its own, else gloo.
+    """nccl for CUDA devices, gloo for the CPU; more ranks on a host than GPUs is refused.
 
-    (nccl refuses two ranks on one GPU; gloo carries CUDA tensors through host memory.)
+    (nccl refuses two ranks on one GPU, and gloo's point-to-point messages cannot carry CUDA
+    tensors: :func:`dssync.comm.devices.check_device`.)
     """
-    if device.type == "cuda" and ranks_per_host <= torch.cuda.device_count():
-        return "nccl"
-    return "gloo"
+    if device.type != "cuda":
+        return "gloo"
+    gpus = torch.cuda.device_count()
+    if ranks_per_host > gpus:
+        raise UsageError(
+            f"--device cuda with {ranks_per_host} workers on a host that has {gpus} GPU(s): "
+            "nccl needs one GPU per worker and gloo cannot carry CUDA tensors point to point; "
+            f"use --workers {gpus} or fewer, or --device cpu"
+        )
+    return "nccl"
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
