@@ -37,12 +37,20 @@ def test_the_pairs_that_work_pass():
     check_device("gloo", None)
 
 
-def test_local_device_is_the_cpu_without_cuda(monkeypatch):
+def test_local_device_is_the_gpu_of_local_rank_where_each_rank_has_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    if not torch.cuda.is_available():
-        assert local_device() == torch.device("cpu")
-    else:
-        assert local_device() == torch.device("cuda", 3 % torch.cuda.device_count())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert local_device() == torch.device("cuda", 3)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # more ranks than GPUs: nccl would refuse
+    assert local_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one GPU of its own per process
+    assert local_device() == torch.device("cuda", 0)
 
 
 def test_the_lab_refuses_more_workers_on_a_host_than_gpus(monkeypatch):

@@ -27,11 +27,15 @@ ONE_GPU_PER_RANK = (
 
 
 def local_device() -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` (modulo the GPUs it sees) where CUDA is present,
-    else the CPU."""
+    """This rank's device: ``cuda:LOCAL_RANK`` (modulo the GPUs it sees) where every rank of the
+    host (``LOCAL_WORLD_SIZE``, as torchrun sets it) has a GPU of its own, else the CPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    gpus = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) > gpus and not visible:
+        return torch.device("cpu")  # nccl refuses two ranks on one GPU
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % gpus)
 
 
 def check_device(backend: str, device: torch.device | None, current: int | None = None) -> None:
