@@ -105,3 +105,18 @@ def test_plan_tables_fit():
 
 def test_piped_output_is_80_columns():
     assert console.width == 80  # pytest captures stdout: not a terminal, COLUMNS unset
+
+
+def test_auto_names_the_method_it_ran_and_flags_a_prediction_far_off():
+    run = _run(4, sync="dssync-topo-local")
+    run["auto"] = {"method": "dssync-topo-local", "predicted_s": 0.0002}  # 0.2 ms
+    run["iter_time_s"] = 0.00807  # measured 8.07 ms: 40x off
+    text = "\n".join(_render(training_table([run]), 80))
+    assert "auto:" in text and "dssync-topo-local" in text and "dssync-top..." not in text
+    assert "MISSED: 40.4x off" in text
+    run["iter_time_s"] = 0.0003  # 1.5x: within what a model of the cluster may miss
+    text = "\n".join(_render(training_table([run]), 80))
+    assert "0.20 ms" in text and "MISSED" not in text and "dssync-top..." not in text
+    _fits(training_table([run]))
+    plain = _run(4)
+    assert "auto's prediction" not in "\n".join(_render(training_table([plain]), 80))

@@ -64,10 +64,13 @@ def training_table(summaries: list[dict[str, Any]]) -> Table:
         ("iteration", lambda s: fmt_ms(s["iter_time_s"])),
         ("compute", lambda s: fmt_ms(s["compute_time_s"])),
         ("sync", lambda s: fmt_ms(s["sync_time_s"])),
+        ("auto's prediction", _prediction),
     ]
     for label, cell in rows:
         if label == "SWA ensemble" and all(s.get("swa_metric") is None for s in summaries):
             continue  # no --swa-start
+        if label == "auto's prediction" and all(_predicted(s) is None for s in summaries):
+            continue  # no --sync auto
         t.add_row(label, *(cell(s) for s in summaries))
     return t
 
@@ -82,8 +85,38 @@ def _maybe(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+# A prediction this many times off the measured iteration (either way) is flagged: the pick was
+# made from a model of the cluster that this run did not match.
+MISS = 2.0
+
+
+def _predicted(s: dict[str, Any]) -> float | None:
+    return (s.get("auto") or {}).get("predicted_s")
+
+
+def prediction_miss(s: dict[str, Any]) -> float | None:
+    """How many times auto's predicted iteration is off the measured one (>= 1), or None."""
+    predicted, measured = _predicted(s), s.get("iter_time_s")
+    if not predicted or not measured:
+        return None
+    return max(predicted / measured, measured / predicted)
+
+
+def _prediction(s: dict[str, Any]) -> str:
+    predicted = _predicted(s)
+    if predicted is None:
+        return ""
+    miss = prediction_miss(s)
+    text = fmt_ms(predicted)
+    if miss is not None and miss > MISS:
+        text += f" (MISSED: {miss:.1f}x off the measured)"
+    return text
+
+
 def _method(s: dict[str, Any]) -> str:
     cfg = s.get("config", {})
+    if s.get("auto"):
+        return f"auto:\n{s['sync']}"
     if s["sync"] == "dssync":
         return f"dssync ({cfg.get('schedule')}, k={cfg.get('group_size')})"
     return s["sync"]

@@ -102,6 +102,7 @@ class Choice:
     outer: str | None = None
     group_size: int | None = None
     wire: str | None = None
+    predicted_s: float | None = None  # the pick's predicted iteration, in seconds
 
 
 def rack_groups(spec: ClusterSpec) -> int | None:
@@ -265,7 +266,7 @@ def choose(
         f"against BSP's {_ms(ddp.iter_s)}, for {_count(params)} parameters, "
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
-    return Choice(method, reason, preds, chosen, step, size, sent)
+    return Choice(method, reason, preds, chosen, step, size, sent, best.iter_s)
 
 
 def _ms(seconds: float) -> str:

@@ -62,6 +62,7 @@ class Decision:
     group_size: int | None = None
     wire: str | None = None
     kept_from: int | None = None  # a resumed run's pick: the checkpoint step it was read from
+    predicted_s: float | None = None  # the pick's predicted iteration (seconds)
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +74,7 @@ class Decision:
             "group_size": self.group_size,
             "wire": self.wire,
             "kept_from": self.kept_from,
+            "predicted_s": self.predicted_s,
         }
 
     def line(self) -> str:
@@ -180,6 +182,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
             kept.get("group_size", cfg.group_size),
             kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
             kept_from=kept["step"],
+            predicted_s=kept.get("predicted_s"),
         )
     compute_s = compute_time(data, module, device, cfg.timeout_s)
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
@@ -207,6 +210,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
         choice.outer,
         choice.group_size,
         choice.wire,
+        predicted_s=choice.predicted_s,
     )
 
 
