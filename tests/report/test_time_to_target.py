@@ -97,12 +97,12 @@ def test_ranges_that_overlap_are_not_a_difference_and_a_missed_seed_is_infinitel
 
 
 def test_verdicts_name_the_ratio_and_whether_it_is_beyond_the_spread():
-    s = summarize({"bsp": _method(1.0), "dssync": _method(0.2), "fp16": _method(0.9)}, 0.9)
+    s = summarize({"bsp": _method(1.0), "dssync": _method(0.3), "fp16": _method(0.9)}, 0.9)
     lines = s["verdicts"]
     assert lines[0].startswith("bsp: 4.0 s")
     assert (
         lines[1]
-        == "dssync: 0.20x bsp's median time to the target, faster than bsp beyond the spread of the seeds"
+        == "dssync: 0.30x bsp's median time to the target, faster than bsp beyond the spread of the seeds"
     )
     assert "within the spread of bsp's seeds" in lines[2]
     assert lines[-1] == "fastest: dssync, beyond the spread of every other method"
@@ -215,3 +215,17 @@ def test_a_target_the_solo_control_reaches_is_called_out_first():
     quiet = summarize({"bsp": _method(1.0), "solo": _method(0.3, reached=0)}, 0.9)["verdicts"]
     assert not any("does not need" in line for line in quiet)
     assert "solo: no seed reached the target" in quiet
+
+
+def test_a_race_too_short_or_too_noisy_gets_no_verdict():
+    """From outside: a 0.1 s against 0.4 s race on a loaded machine was declared "faster beyond the
+    spread"; now it says why it cannot judge."""
+    s = summarize({"bsp": _method(0.1), "dssync": _method(0.025)}, 0.9)
+    line = s["verdicts"][1]
+    assert line.startswith("dssync: 0.25x") and "too short for a verdict" in line
+    assert "beyond the spread" not in line and "no verdict: too short" in s["verdicts"][-1]
+    noisy = _method(0.3)
+    for run, it in zip(noisy, (0.010, 0.011, 0.035), strict=True):
+        run["iter_time_s"] = it  # the third seed ran 3.5x slower per iteration
+    s = summarize({"bsp": _method(1.0), "dssync": noisy}, 0.9)
+    assert "too noisy for a verdict" in s["verdicts"][1] and "10.0-35.0 ms" in s["verdicts"][1]

@@ -129,6 +129,7 @@ def method_summary(
             [r["steps"] / r["train_time_s"] for r in runs if r["train_time_s"] > 0]
         ),
         "iter_time_s": statistics.median([r["iter_time_s"] for r in runs]),
+        "iter_times_s": [r["iter_time_s"] for r in runs],
         "compute_time_s": statistics.median([r.get("compute_time_s", 0.0) for r in runs]),
         "sync_time_s": statistics.median([r["sync_time_s"] for r in runs]),
         "consensus_distance": _mean([r["consensus_distance"] for r in runs]),
@@ -198,6 +199,38 @@ def _interval(m: dict[str, Any]) -> tuple[float, float]:
     return min(reached), high
 
 
+# A race whose median time to the target is under this is too short for a verdict: start-up,
+# timer resolution and a busy machine's hiccups are a large share of it.
+SHORTEST_S = 1.0
+# Per-iteration times of one method whose slowest seed took more than this many times its
+# fastest: the machine was shared or throttled, and a ranking of such runs is noise.
+NOISIEST = 2.0
+
+
+def unjudged(m: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """Why the race of ``m`` against ``ref`` cannot give a verdict (too short or too noisy), or
+    None when it can."""
+    short = [
+        f"{x['time_to_target']['median']:.2f} s"
+        for x in (m, ref)
+        if x["time_to_target"]["median"] < SHORTEST_S
+    ]
+    if short:
+        return (
+            f"too short for a verdict ({' and '.join(short)} to the target, under "
+            f"{SHORTEST_S:g} s; raise --target or use a larger workload)"
+        )
+    for x in (m, ref):
+        times = [t for t in x.get("iter_times_s") or [] if t]
+        if len(times) > 1 and max(times) > NOISIEST * min(times):
+            return (
+                f"too noisy for a verdict (per-iteration times over the seeds "
+                f"{min(times) * 1000:.1f}-{max(times) * 1000:.1f} ms, more than "
+                f"{NOISIEST:g}x apart; was the machine busy?)"
+            )
+    return None
+
+
 def compare_pair(a: dict[str, Any], b: dict[str, Any]) -> str:
     """ "faster", "slower" or "within the spread": ``a``'s time to target against ``b``'s."""
     (a_lo, a_hi), (b_lo, b_hi) = _interval(a), _interval(b)
@@ -243,6 +276,7 @@ def verdicts(methods: dict[str, dict[str, Any]], reference: str) -> list[str]:
             if how != "within the spread"
             else f"within the spread of {reference}'s seeds (ranges overlap)"
         )
+        tail = unjudged(m, ref) or tail
         lines.append(
             f"{name}: {ratio:.2f}x {reference}'s median time to the target, {tail}{missed}"
         )
@@ -252,7 +286,12 @@ def verdicts(methods: dict[str, dict[str, Any]], reference: str) -> list[str]:
         ties = [
             n for n in reached if n != best and compare_pair(reached[n], reached[best]) != "slower"
         ]
-        if ties:
+        doubt = [n for n in reached if n != best and unjudged(reached[n], reached[best])]
+        if doubt:
+            lines.append(
+                f"fastest median: {best}; no verdict: {unjudged(reached[doubt[0]], reached[best])}"
+            )
+        elif ties:
             lines.append(f"fastest median: {best}; not separated from it: {', '.join(ties)}")
         else:
             lines.append(f"fastest: {best}, beyond the spread of every other method")
