@@ -59,3 +59,33 @@ def test_a_terminal_gets_the_bar_instead_of_lines():
     progress = Progress(20, 5, label="dssync mnist", stream=out, terminal=True)
     _run(progress, range(1, 21))
     assert "20/20" in out.getvalue() and not LINE.search(out.getvalue().replace("\r", "\n"))
+
+
+def test_a_terminal_of_unknown_size_still_gets_a_bar_with_the_step_count():
+    """From outside: under a pty nobody had sized (0 columns), tqdm drew a bar of no width, so a
+    terminal showed no progress at all. The bar now falls back to 80 columns there."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()  # a fresh pty: 0 rows and 0 columns
+    try:
+        assert os.get_terminal_size(slave).columns == 0
+
+        class Terminal(io.StringIO):  # what is written, on the pty's descriptor
+            def isatty(self) -> bool:
+                return True
+
+            def fileno(self) -> int:
+                return slave
+
+        out = Terminal()
+        progress = Progress(30, 10, label="dssync mnist", stream=out)
+        assert progress.bar is not None, "no bar on a terminal"
+        for step in range(1, 31):
+            progress.update(step, 0.5)
+        progress.bar.refresh()
+        assert progress.bar.ncols == 80
+        assert "dssync mnist" in out.getvalue() and "30/30" in out.getvalue(), out.getvalue()
+    finally:
+        os.close(slave)
+        os.close(master)

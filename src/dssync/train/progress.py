@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import TextIO
@@ -24,6 +25,16 @@ from typing import TextIO
 from dssync.train.config import TrainConfig
 
 LINES = 10  # plain lines per run (one per tenth)
+FALLBACK_COLUMNS = 80  # the bar's width on a terminal that does not say its own
+
+
+def _columns(stream: TextIO) -> int:
+    """The terminal's width behind ``stream``; 0 where it is unknown (a pty nobody sized: tqdm's
+    own measure then draws a bar of no width, so nothing shows)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 class Progress:
@@ -52,13 +63,15 @@ class Progress:
         if self.enabled and (self.stream.isatty() if terminal is None else terminal):
             from tqdm import tqdm
 
+            width = _columns(self.stream)
             self.bar = tqdm(
                 total=total,
                 initial=done,
                 desc=label,
                 unit="step",
                 leave=False,
-                dynamic_ncols=True,
+                dynamic_ncols=width > 0,
+                ncols=None if width > 0 else FALLBACK_COLUMNS,  # a pty of unknown size says 0
                 file=self.stream,
             )
 
