@@ -16,7 +16,7 @@ compared in the same run (``dssync bench --method dssync-allreduce``); the defau
 needs no group per pair at any world size.
 
 On nccl the first point-to-point operation of a communicator must not come before any
-collective, so a Router on an nccl group runs one all_reduce of one element on ``device`` (the
+collective, so a Router on a group that is not gloo (nccl, the ``nccl_like`` test backend) runs one all_reduce of one element on ``device`` (the
 parameters' device; by default the current CUDA device) at construction.
 
 Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout) checked after the
@@ -112,7 +112,7 @@ class Router:
         self.arrived: float | None = None  # when the last average's members had all come
         self.pairs = pairs
         self.max_groups = max_groups
-        if dist.get_backend(self.parent) == dist.Backend.NCCL:
+        if dist.get_backend(self.parent) != dist.Backend.GLOO:  # nccl and the like
             self._first_collective(device)
         if schedule is not None:
             self.prepare(schedule)
@@ -120,12 +120,20 @@ class Router:
     def _first_collective(self, device: torch.device | None) -> None:
         """One all_reduce of one element on the parent group, before any point-to-point op."""
         if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+            cuda = torch.cuda.is_available()
+            device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         one = torch.zeros(1, device=device)
         lend([one])
         work = dist.all_reduce(one, group=self.parent, async_op=True)
         members = list(range(self.size))
-        wait(work, time.monotonic() + self.timeout_s, Tag(ALL, -1, 1), members, self.timeout_s)
+        wait(
+            work,
+            time.monotonic() + self.timeout_s,
+            Tag(ALL, -1, 1),
+            members,
+            self.timeout_s,
+            process_group=self.parent,
+        )
 
     def prepare(self, schedule: Schedule) -> None:
         """Make the groups of more than two ranks (and pairs, with ``pairs="all_reduce"``) that

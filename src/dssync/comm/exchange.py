@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -48,6 +47,7 @@ import torch.distributed as dist
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, ROOM_BYTES, pack, room_of, unpack
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
+from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
@@ -97,35 +97,41 @@ def wait(
     roll: RollCall | None = None,
     what: str | None = None,
     came: bool = False,
+    process_group: dist.ProcessGroup | None = None,
 ) -> None:
     """Wait for ``work`` until ``deadline`` (monotonic seconds); raise PeerLost if it fails.
 
+    The wait is :func:`dssync.comm.wait.wait_for` (bounded on every backend; on nccl an expiry
+    aborts ``process_group``, the group ``work`` runs on, None for the default group).
     ``peers`` are the ranks this work waits on when known (an exchange); otherwise ``roll``, if
     given, finds which ranks of ``group`` never reached this point. The message says what the
-    wait was (``what``, else the tag), who was missing, and what happened after how long: a
-    wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
+    wait was (``what``, else the tag), who was missing, and what happened after how long (from
+    the start of the operation, ``deadline - timeout_s``, to the raise, the roll call included):
+    a wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
     came, a transfer that stalled); one that failed sooner met a closed connection (the peer
     exited or crashed). ``came``: every member had come (their tags were checked), so a rank
     the roll call misses stopped mid-transfer rather than never came.
     """
     if work is None:
         return
-    left = max(deadline - time.monotonic(), 0.001)
     try:
-        work.wait(timeout=timedelta(seconds=left))
-    except (dist.DistError, RuntimeError) as e:
-        waited = timeout_s - (deadline - time.monotonic())  # since the deadline was set
-        silent = time.monotonic() >= deadline - 0.05
+        wait_for(work, deadline, process_group)
+    except WaitFailed as e:
+        silent = e.expired
+        failed_at = time.monotonic()
         if peers is None and roll is not None:  # after a closed connection the others are quick
             peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S)
+        # silent: every second until now, the roll call's included; closed: until it closed
+        waited = (time.monotonic() if silent else failed_at) - min(e.started, deadline - timeout_s)
+        cause = e.__cause__ if e.__cause__ is not None else e
         raise PeerLost(
             f"{what or tag.describe()} in group {group}: "
             f"{lost(peers, silent, waited, timeout_s, came)}; "
-            f"cause: {type(e).__name__}",
+            f"cause: {type(cause).__name__}",
             step=tag.step,
             group=group,
             ranks=peers,
-        ) from e
+        ) from cause
 
 
 def lost(
@@ -301,18 +307,34 @@ class Exchange:
         works = dist.batch_isend_irecv(ops)
         if len(works) != len(ops):  # a backend that coalesces the batch into one work
             for w in works:
-                wait(w, deadline, tag, group, timeout_s, peers)
+                wait(w, deadline, tag, group, timeout_s, peers, process_group=self.parent)
             works = [None] * len(ops)
         for j, p in enumerate(peers):
-            wait(works[2 * j], deadline, tag, group, timeout_s, [p])
-            wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p])
+            wait(works[2 * j], deadline, tag, group, timeout_s, [p], process_group=self.parent)
+            wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p], process_group=self.parent)
         check_peers(tag, tags, group)
         self.arrived = time.perf_counter()
         k = len(group)
         for i, sl, first in slots:
             for j, p in enumerate(peers):
-                wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
-                wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
+                wait(
+                    works[first + 2 * j],
+                    deadline,
+                    tag,
+                    group,
+                    timeout_s,
+                    [p],
+                    process_group=self.parent,
+                )
+                wait(
+                    works[first + 2 * j + 1],
+                    deadline,
+                    tag,
+                    group,
+                    timeout_s,
+                    [p],
+                    process_group=self.parent,
+                )
             own = buffers[i][sl]  # sent and received: free to overwrite
             parts = [own if r == self.rank else recv[(peers.index(r), i)][sl] for r in group]
             # the sum in group order, kept in the first member's buffer (own or a scratch) and
@@ -352,7 +374,7 @@ class Exchange:
 
         def done(works: list) -> None:
             for w in works:
-                wait(w, deadline, tag, group, timeout_s, [peer])
+                wait(w, deadline, tag, group, timeout_s, [peer], process_group=self.parent)
 
         def post(ops: list) -> list:
             ops = _nonempty(ops)  # a one-element chunk has an empty half on each side
@@ -450,11 +472,11 @@ def collective_average(
     for b in buffers:
         b.div_(len(group))
         works.append(dist.all_reduce(b, group=process_group, async_op=True))
-    wait(works[0], deadline, tag, group, timeout_s, roll=roll)
+    wait(works[0], deadline, tag, group, timeout_s, roll=roll, process_group=process_group)
     check_signed(tag, signed, group)  # reads the tags on the host: on a GPU too, they are in
     arrived = time.perf_counter()
     for w in works[1:]:
-        wait(w, deadline, tag, group, timeout_s, roll=roll, came=True)
+        wait(w, deadline, tag, group, timeout_s, roll=roll, came=True, process_group=process_group)
     return arrived
 
 
@@ -478,7 +500,7 @@ def broadcast_tensors(
     lend(f for f, _ in flats)
     works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
     for w in works:
-        wait(w, deadline, tag, members, timeout_s, roll=roll)
+        wait(w, deadline, tag, members, timeout_s, roll=roll, process_group=process_group)
     unpack(flats)
 
 

@@ -56,7 +56,16 @@ def bounded(
     roll.arrive(members, tag)
     lend(t for a in args for t in (a if isinstance(a, list) else [a]) if torch.is_tensor(t))
     work = op(*args, group=pg, async_op=True, **kwargs)
-    wait(work, time.monotonic() + timeout_s, tag, members, timeout_s, roll=roll, what=what)
+    wait(
+        work,
+        time.monotonic() + timeout_s,
+        tag,
+        members,
+        timeout_s,
+        roll=roll,
+        what=what,
+        process_group=pg,
+    )
 
 
 def slowest(seconds: float, group: dist.ProcessGroup | None, timeout_s: float, what: str) -> float:

@@ -290,6 +290,7 @@ class DSSync(Strategy, Joinable):
                 Tag(STEP, self.steps, 0),
                 list(range(self.world_size)),
                 self.timeout_s,
+                process_group=self.join_process_group,
             )
         self._step()
 
