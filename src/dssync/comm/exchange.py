@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -66,6 +67,9 @@ DEFAULT_WINDOW = 4
 # After a collective failed on a closed connection (not a timeout), the members still alive see
 # it fail within milliseconds: the roll call waits this long for their keys, not its full window.
 CLOSED_WINDOW_S = 1.0
+# The longest the roll call waits for the store beyond its window (a stopped store host never
+# answers): what a wait adds after its deadline is the roll call's window plus this.
+STORE_GRACE_S = 1.0
 
 
 def swap_ops(
@@ -212,11 +216,25 @@ class RollCall:
     ) -> list[int] | None:
         """Ranks of ``group`` that never reached this failure; None if the store cannot say.
 
-        Waits for their keys at most ``window_s`` (default: the roll call's own)."""
+        Waits for their keys at most ``window_s`` (default: the roll call's own), and for the
+        store at most :data:`STORE_GRACE_S` beyond: a store whose host is stopped (SIGSTOP) does
+        not answer at all, and the roll call then gives up rather than hold the caller."""
+        window = self.window_s if window_s is None else min(window_s, self.window_s)
+        span = min(timeout_s, window)
+        found: list[list[int] | None] = []
+        asking = threading.Thread(
+            target=lambda: found.append(self._absent(group, tag, span)),
+            name="dssync-roll-call",
+            daemon=True,
+        )
+        asking.start()
+        asking.join(span + STORE_GRACE_S)
+        return found[0] if found else None
+
+    def _absent(self, group: list[int], tag: Tag, span: float) -> list[int] | None:
         ranks = [self._global(r) for r in group]
         base = self._key(group, tag)
-        window = self.window_s if window_s is None else min(window_s, self.window_s)
-        end = time.monotonic() + min(timeout_s, window)
+        end = time.monotonic() + span
         try:
             self.store.set(f"{base}/{self._global(self.rank)}", "1")
             while True:
