@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -52,12 +53,19 @@ class WaitFailed(RuntimeError):
         self.started = started
 
 
+_bounded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> bounded(group)
+
+
 def bounded(process_group: dist.ProcessGroup | None) -> bool:
     """True when ``process_group``'s ``Work.wait(timeout)`` honours its timeout (gloo)."""
-    try:
-        return dist.get_backend(process_group) in BOUNDED
-    except (RuntimeError, ValueError):  # destroyed, or not a group of this process
-        return False
+    pg = process_group if process_group is not None else dist.group.WORLD
+    known = _bounded.get(pg)
+    if known is None:
+        try:
+            known = _bounded[pg] = dist.get_backend(pg) in BOUNDED
+        except (RuntimeError, ValueError):  # destroyed, or not a group of this process
+            return False
+    return known
 
 
 def abort(process_group: dist.ProcessGroup | None) -> None:
