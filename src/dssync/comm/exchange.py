@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -178,6 +179,9 @@ def lost(
     )
 
 
+_arrivals: dict[str, int] = {}  # arrive() calls per averaging key: every member counts alike
+
+
 class RollCall:
     """After a collective failed, find which ranks of its group never came (through the store).
 
@@ -199,17 +203,26 @@ class RollCall:
         self.rank = dist.get_rank(self.parent)
         self.store = dist.distributed_c10d._get_default_store()
         self.window_s = window_s
+        self._round: int | None = None  # set on the roll call arrive() returns
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
 
     def _key(self, group: list[int], tag: Tag) -> str:
         ranks = [self._global(r) for r in group]
-        return f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        key = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        return key if self._round is None else f"{key}/{self._round}"
 
-    def arrive(self, group: list[int], tag: Tag) -> None:
-        """Say, before the collective, that this rank came to it."""
-        self.store.set(f"{self._key(group, tag)}/{self._global(self.rank)}", "1")
+    def arrive(self, group: list[int], tag: Tag) -> RollCall:
+        """Say, before the collective, that this rank came to it. Returns a roll call over the
+        same store that waits no window (every member that came has said so already) and
+        whose keys are this arrival's own (the same tag may come again: ``Tag(ALL, -1, n)``)."""
+        base = self._key(group, tag)
+        said = copy.copy(self)
+        said.window_s = 0.0
+        said._round = _arrivals[base] = _arrivals.get(base, 0) + 1  # alike on every member
+        self.store.set(f"{said._key(group, tag)}/{self._global(self.rank)}", "1")
+        return said
 
     def missing(
         self, group: list[int], timeout_s: float, tag: Tag, window_s: float | None = None
@@ -483,6 +496,8 @@ def collective_average(
     mismatch raises before the data is waited for (every member sees the same reduced tags).
     """
     deadline = time.monotonic() + timeout_s
+    if roll is not None and tag.kind == ALL:  # a rare average: say "I came" first (one store
+        roll = roll.arrive(group, tag)  # key each), so a member waiting too is never named
     device = buffers[0].device if buffers else torch.device("cpu")
     signed = tag.signed(device)
     lend([signed, *buffers])
