@@ -83,7 +83,7 @@ def test_a_bounded_backend_keeps_its_own_wait_with_the_time_left(monkeypatch):
         def is_completed(self):  # pragma: no cover - must not be polled
             raise AssertionError("a bounded backend's work is not polled")
 
-    monkeypatch.setattr(waits, "bounded", lambda pg: True)
+    monkeypatch.setattr(waits, "bounded", lambda pg: True)  # as gloo
     with pytest.raises(WaitFailed) as e:
         wait_for(GlooWork(), time.monotonic() + 2, None)
     assert e.value.expired and 1.5 < asked[0] <= 2

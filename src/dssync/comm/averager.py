@@ -118,13 +118,13 @@ class Router:
             self.prepare(schedule)
 
     def _first_collective(self, device: torch.device | None) -> None:
-        """One all_reduce of one element on the parent group, before any point-to-point op."""
+        """One all_reduce of a tag on the parent group, before any point-to-point op."""
         if device is None:
             cuda = torch.cuda.is_available()
             device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
-        one = torch.zeros(1, device=device)
-        lend([one])
-        work = dist.all_reduce(one, group=self.parent, async_op=True)
+        first = Tag(ALL, -1, 1).signed(device)  # a tag's shape: strict backends take it too
+        lend([first])
+        work = dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.parent, async_op=True)
         members = list(range(self.size))
         wait(
             work,

@@ -6,9 +6,9 @@ makes the current CUDA stream wait and returns at once, ignoring the timeout: th
 then blocks until the transfer ends, or until NCCL's watchdog ends the process at the group's
 timeout (10 minutes by default), naming no one. :func:`wait_for` bounds both:
 
-* on a backend in :data:`BOUNDED` (gloo) it calls ``work.wait(timeout)`` with what is left of the
-  deadline, as before (no polling: nothing slower on gloo);
-* on any other backend (nccl, the ``nccl_like`` test backend, ...) it polls
+* on gloo (any backend not in :data:`POLLED`) it calls ``work.wait(timeout)`` with what is left
+  of the deadline, as before (no polling: nothing slower on gloo);
+* on a backend in :data:`POLLED` (nccl, the ``nccl_like`` test backend) it polls
   ``work.is_completed()``, sleeping between polls from :data:`FIRST_NAP_S` up to
   :data:`LONGEST_NAP_S`, then calls ``work.wait()`` (which on NCCL orders the current stream
   after the work, and raises the work's error). When the deadline passes first it aborts the
@@ -35,7 +35,11 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-BOUNDED = ("gloo",)  # backends whose Work.wait(timeout) itself returns or raises at the timeout
+# Backends whose Work.wait(timeout) ignores its timeout: their waits poll is_completed(). Any
+# other (gloo, and wrappers of it such as the tests' strict backend, whose point-to-point works
+# report completion only from wait()) keeps work.wait(timeout). A test backend with NCCL's
+# semantics adds its name here (dssync.testing.nccl_like does).
+POLLED: set[str] = {"nccl"}
 FIRST_NAP_S = 50e-6  # the first sleep between two polls of is_completed()
 LONGEST_NAP_S = 1e-3  # sleeps double up to this: a finished transfer is seen within 1 ms
 
@@ -57,14 +61,15 @@ _bounded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> bo
 
 
 def bounded(process_group: dist.ProcessGroup | None) -> bool:
-    """True when ``process_group``'s ``Work.wait(timeout)`` honours its timeout (gloo)."""
+    """True when ``process_group``'s ``Work.wait(timeout)`` honours its timeout (not in
+    :data:`POLLED`)."""
     pg = process_group if process_group is not None else dist.group.WORLD
     known = _bounded.get(pg)
     if known is None:
         try:
-            known = _bounded[pg] = dist.get_backend(pg) in BOUNDED
+            known = _bounded[pg] = dist.get_backend(pg) not in POLLED
         except (RuntimeError, ValueError):  # destroyed, or not a group of this process
-            return False
+            return False  # polling is safe for any work that reports is_completed()
     return known
 
 

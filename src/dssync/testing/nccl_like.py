@@ -278,6 +278,9 @@ def _create(opts, _backend_options) -> NcclLikeGroup:
 
 def register() -> None:
     """Make ``backend="nccl_like"`` known to torch.distributed in this process (idempotent)."""
+    from dssync.comm.wait import POLLED
+
+    POLLED.add(NAME)  # its waits ignore their timeout: dssync polls them, as nccl's
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu"])
 
