@@ -16,7 +16,7 @@ compared in the same run (``dssync bench --method dssync-allreduce``); the defau
 needs no group per pair at any world size.
 
 On nccl the first point-to-point operation of a communicator must not come before any
-collective, so a Router on an nccl group runs one all_reduce of one element on ``device`` (the
+collective, so a Router on a group that is not gloo (nccl, the ``nccl_like`` test backend) runs one all_reduce of one element on ``device`` (the
 parameters' device; by default the current CUDA device) at construction.
 
 Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout) checked after the
@@ -117,18 +117,25 @@ class Router:
         if backend == dist.Backend.NCCL and device is None:
             device = local_device()
         check_device(backend, device)
-        if backend == dist.Backend.NCCL:
+        if backend != dist.Backend.GLOO:  # nccl and the like
             self._first_collective(device)
         if schedule is not None:
             self.prepare(schedule)
 
-    def _first_collective(self, device: torch.device) -> None:
-        """One all_reduce of one element on the parent group, before any point-to-point op."""
-        one = torch.zeros(1, device=device)
-        lend([one])
-        work = dist.all_reduce(one, group=self.parent, async_op=True)
+    def _first_collective(self, device: torch.device | None) -> None:
+        """One all_reduce of a tag on the parent group, before any point-to-point op."""
+        first = Tag(ALL, -1, 1).signed(device or "cpu")  # a tag's shape: strict backends take it
+        lend([first])
+        work = dist.all_reduce(first, op=dist.ReduceOp.MAX, group=self.parent, async_op=True)
         members = list(range(self.size))
-        wait(work, time.monotonic() + self.timeout_s, Tag(ALL, -1, 1), members, self.timeout_s)
+        wait(
+            work,
+            time.monotonic() + self.timeout_s,
+            Tag(ALL, -1, 1),
+            members,
+            self.timeout_s,
+            process_group=self.parent,
+        )
 
     def prepare(self, schedule: Schedule) -> None:
         """Make the groups of more than two ranks (and pairs, with ``pairs="all_reduce"``) that

@@ -123,13 +123,13 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
     tag_works = _post(heads)
     ahead = [post(c) for c in range(min(WINDOW, len(pieces)))]
     for w in tag_works:
-        wait(w, deadline, tag, group, timeout_s, [peer])
+        wait(w, deadline, tag, group, timeout_s, [peer], process_group=pg)
     check_peers(tag, tags, group)
     arrived = time.perf_counter()
     for c, (i, lo, hi) in enumerate(pieces):
         works, mine, into = ahead[c]
         for w in works:  # the peer came (its tag was checked): a failure now is mid-transfer
-            wait(w, deadline, tag, group, timeout_s, [peer], came=True)
+            wait(w, deadline, tag, group, timeout_s, [peer], came=True, process_group=pg)
         if c + WINDOW < len(pieces):
             ahead.append(post(c + WINDOW))
         ahead[c] = None  # its buffers go as soon as they are used
@@ -186,11 +186,11 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
     known = peers if len(peers) == 1 else None
     tag_works, share_works = _post(heads), _post(ops)
     for w in tag_works:
-        wait(w, deadline, tag, group, timeout_s, known, roll)
+        wait(w, deadline, tag, group, timeout_s, known, roll, process_group=pg)
     check_peers(tag, tags, group)
     arrived = time.perf_counter()
     for w in share_works:
-        wait(w, deadline, tag, group, timeout_s, known, roll)
+        wait(w, deadline, tag, group, timeout_s, known, roll, process_group=pg)
     means = []  # my share's mean of each buffer, as it travels back
     for i, (b, e) in enumerate(zip(buffers, residuals, strict=True)):
         lo, hi = cuts[i][me]
@@ -212,7 +212,7 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
             for out, theirs in zip(means[i], back_in[p][i], strict=True):
                 ops += swap_ops(theirs, out, _global(pg, p), pg)
     for w in _post(ops):
-        wait(w, deadline, tag, group, timeout_s, known, roll)
+        wait(w, deadline, tag, group, timeout_s, known, roll, process_group=pg)
     for p in peers:
         j = group.index(p)
         for i, b in enumerate(buffers):

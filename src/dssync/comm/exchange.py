@@ -38,9 +38,10 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,7 @@ import torch.distributed as dist
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, ROOM_BYTES, pack, room_of, unpack
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
+from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
@@ -66,6 +68,9 @@ DEFAULT_WINDOW = 4
 # After a collective failed on a closed connection (not a timeout), the members still alive see
 # it fail within milliseconds: the roll call waits this long for their keys, not its full window.
 CLOSED_WINDOW_S = 1.0
+# The longest the roll call waits for the store beyond its window (a stopped store host never
+# answers): what a wait adds after its deadline is the roll call's window plus this.
+STORE_GRACE_S = 1.0
 
 
 def swap_ops(
@@ -97,35 +102,41 @@ def wait(
     roll: RollCall | None = None,
     what: str | None = None,
     came: bool = False,
+    process_group: dist.ProcessGroup | None = None,
 ) -> None:
     """Wait for ``work`` until ``deadline`` (monotonic seconds); raise PeerLost if it fails.
 
+    The wait is :func:`dssync.comm.wait.wait_for` (bounded on every backend; on nccl an expiry
+    aborts ``process_group``, the group ``work`` runs on, None for the default group).
     ``peers`` are the ranks this work waits on when known (an exchange); otherwise ``roll``, if
     given, finds which ranks of ``group`` never reached this point. The message says what the
-    wait was (``what``, else the tag), who was missing, and what happened after how long: a
-    wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
+    wait was (``what``, else the tag), who was missing, and what happened after how long (from
+    the start of the operation, ``deadline - timeout_s``, to the raise, the roll call included):
+    a wait that ran to its deadline met a peer silent past ``timeout_s`` (or, when every member
     came, a transfer that stalled); one that failed sooner met a closed connection (the peer
     exited or crashed). ``came``: every member had come (their tags were checked), so a rank
     the roll call misses stopped mid-transfer rather than never came.
     """
     if work is None:
         return
-    left = max(deadline - time.monotonic(), 0.001)
     try:
-        work.wait(timeout=timedelta(seconds=left))
-    except (dist.DistError, RuntimeError) as e:
-        waited = timeout_s - (deadline - time.monotonic())  # since the deadline was set
-        silent = time.monotonic() >= deadline - 0.05
+        wait_for(work, deadline, process_group)
+    except WaitFailed as e:
+        silent = e.expired
+        failed_at = time.monotonic()
         if peers is None and roll is not None:  # after a closed connection the others are quick
             peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S)
+        # silent: every second until now, the roll call's included; closed: until it closed
+        waited = (time.monotonic() if silent else failed_at) - min(e.started, deadline - timeout_s)
+        cause = e.__cause__ if e.__cause__ is not None else e
         raise PeerLost(
             f"{what or tag.describe()} in group {group}: "
             f"{lost(peers, silent, waited, timeout_s, came)}; "
-            f"cause: {type(e).__name__}",
+            f"cause: {type(cause).__name__}",
             step=tag.step,
             group=group,
             ranks=peers,
-        ) from e
+        ) from cause
 
 
 def lost(
@@ -168,6 +179,9 @@ def lost(
     )
 
 
+_arrivals: dict[str, int] = {}  # arrive() calls per averaging key: every member counts alike
+
+
 class RollCall:
     """After a collective failed, find which ranks of its group never came (through the store).
 
@@ -189,28 +203,51 @@ class RollCall:
         self.rank = dist.get_rank(self.parent)
         self.store = dist.distributed_c10d._get_default_store()
         self.window_s = window_s
+        self._round: int | None = None  # set on the roll call arrive() returns
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
 
     def _key(self, group: list[int], tag: Tag) -> str:
         ranks = [self._global(r) for r in group]
-        return f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        key = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        return key if self._round is None else f"{key}/{self._round}"
 
-    def arrive(self, group: list[int], tag: Tag) -> None:
-        """Say, before the collective, that this rank came to it."""
-        self.store.set(f"{self._key(group, tag)}/{self._global(self.rank)}", "1")
+    def arrive(self, group: list[int], tag: Tag) -> RollCall:
+        """Say, before the collective, that this rank came to it. Returns a roll call over the
+        same store that waits no window (every member that came has said so already) and
+        whose keys are this arrival's own (the same tag may come again: ``Tag(ALL, -1, n)``)."""
+        base = self._key(group, tag)
+        said = copy.copy(self)
+        said.window_s = 0.0
+        said._round = _arrivals[base] = _arrivals.get(base, 0) + 1  # alike on every member
+        self.store.set(f"{said._key(group, tag)}/{self._global(self.rank)}", "1")
+        return said
 
     def missing(
         self, group: list[int], timeout_s: float, tag: Tag, window_s: float | None = None
     ) -> list[int] | None:
         """Ranks of ``group`` that never reached this failure; None if the store cannot say.
 
-        Waits for their keys at most ``window_s`` (default: the roll call's own)."""
+        Waits for their keys at most ``window_s`` (default: the roll call's own), and for the
+        store at most :data:`STORE_GRACE_S` beyond: a store whose host is stopped (SIGSTOP) does
+        not answer at all, and the roll call then gives up rather than hold the caller."""
+        window = self.window_s if window_s is None else min(window_s, self.window_s)
+        span = min(timeout_s, window)
+        found: list[list[int] | None] = []
+        asking = threading.Thread(
+            target=lambda: found.append(self._absent(group, tag, span)),
+            name="dssync-roll-call",
+            daemon=True,
+        )
+        asking.start()
+        asking.join(span + STORE_GRACE_S)
+        return found[0] if found else None
+
+    def _absent(self, group: list[int], tag: Tag, span: float) -> list[int] | None:
         ranks = [self._global(r) for r in group]
         base = self._key(group, tag)
-        window = self.window_s if window_s is None else min(window_s, self.window_s)
-        end = time.monotonic() + min(timeout_s, window)
+        end = time.monotonic() + span
         try:
             self.store.set(f"{base}/{self._global(self.rank)}", "1")
             while True:
@@ -301,18 +338,34 @@ class Exchange:
         works = dist.batch_isend_irecv(ops)
         if len(works) != len(ops):  # a backend that coalesces the batch into one work
             for w in works:
-                wait(w, deadline, tag, group, timeout_s, peers)
+                wait(w, deadline, tag, group, timeout_s, peers, process_group=self.parent)
             works = [None] * len(ops)
         for j, p in enumerate(peers):
-            wait(works[2 * j], deadline, tag, group, timeout_s, [p])
-            wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p])
+            wait(works[2 * j], deadline, tag, group, timeout_s, [p], process_group=self.parent)
+            wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p], process_group=self.parent)
         check_peers(tag, tags, group)
         self.arrived = time.perf_counter()
         k = len(group)
         for i, sl, first in slots:
             for j, p in enumerate(peers):
-                wait(works[first + 2 * j], deadline, tag, group, timeout_s, [p])
-                wait(works[first + 2 * j + 1], deadline, tag, group, timeout_s, [p])
+                wait(
+                    works[first + 2 * j],
+                    deadline,
+                    tag,
+                    group,
+                    timeout_s,
+                    [p],
+                    process_group=self.parent,
+                )
+                wait(
+                    works[first + 2 * j + 1],
+                    deadline,
+                    tag,
+                    group,
+                    timeout_s,
+                    [p],
+                    process_group=self.parent,
+                )
             own = buffers[i][sl]  # sent and received: free to overwrite
             parts = [own if r == self.rank else recv[(peers.index(r), i)][sl] for r in group]
             # the sum in group order, kept in the first member's buffer (own or a scratch) and
@@ -352,7 +405,7 @@ class Exchange:
 
         def done(works: list) -> None:
             for w in works:
-                wait(w, deadline, tag, group, timeout_s, [peer])
+                wait(w, deadline, tag, group, timeout_s, [peer], process_group=self.parent)
 
         def post(ops: list) -> list:
             ops = _nonempty(ops)  # a one-element chunk has an empty half on each side
@@ -443,6 +496,8 @@ def collective_average(
     mismatch raises before the data is waited for (every member sees the same reduced tags).
     """
     deadline = time.monotonic() + timeout_s
+    if roll is not None and tag.kind == ALL:  # a rare average: say "I came" first (one store
+        roll = roll.arrive(group, tag)  # key each), so a member waiting too is never named
     device = buffers[0].device if buffers else torch.device("cpu")
     signed = tag.signed(device)
     lend([signed, *buffers])
@@ -450,11 +505,11 @@ def collective_average(
     for b in buffers:
         b.div_(len(group))
         works.append(dist.all_reduce(b, group=process_group, async_op=True))
-    wait(works[0], deadline, tag, group, timeout_s, roll=roll)
+    wait(works[0], deadline, tag, group, timeout_s, roll=roll, process_group=process_group)
     check_signed(tag, signed, group)  # reads the tags on the host: on a GPU too, they are in
     arrived = time.perf_counter()
     for w in works[1:]:
-        wait(w, deadline, tag, group, timeout_s, roll=roll, came=True)
+        wait(w, deadline, tag, group, timeout_s, roll=roll, came=True, process_group=process_group)
     return arrived
 
 
@@ -478,7 +533,7 @@ def broadcast_tensors(
     lend(f for f, _ in flats)
     works = [dist.broadcast(f, src=g_src, group=process_group, async_op=True) for f, _ in flats]
     for w in works:
-        wait(w, deadline, tag, members, timeout_s, roll=roll)
+        wait(w, deadline, tag, members, timeout_s, roll=roll, process_group=process_group)
     unpack(flats)
 
 

@@ -52,11 +52,19 @@ def bounded(
     _calls[key] = _calls.get(key, 0) + 1
     tag = Tag(META, _calls[key], 0)
     members = list(range(len(key)))
-    roll = RollCall(pg, window_s=0.0)
-    roll.arrive(members, tag)
+    roll = RollCall(pg, window_s=0.0).arrive(members, tag)
     lend(t for a in args for t in (a if isinstance(a, list) else [a]) if torch.is_tensor(t))
     work = op(*args, group=pg, async_op=True, **kwargs)
-    wait(work, time.monotonic() + timeout_s, tag, members, timeout_s, roll=roll, what=what)
+    wait(
+        work,
+        time.monotonic() + timeout_s,
+        tag,
+        members,
+        timeout_s,
+        roll=roll,
+        what=what,
+        process_group=pg,
+    )
 
 
 def slowest(seconds: float, group: dist.ProcessGroup | None, timeout_s: float, what: str) -> float:

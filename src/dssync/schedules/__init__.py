@@ -1,7 +1,14 @@
 """Partition schedules: pure functions of (step, world size) that say which ranks average together."""
 
 from dssync.schedules.base import Partition, Schedule, check_partition, group_of, split_even
-from dssync.schedules.basic import Butterfly, Global, Shuffle, Static
+from dssync.schedules.basic import (
+    Butterfly,
+    Global,
+    Shuffle,
+    Static,
+    default_schedule,
+    peer_bound,
+)
 from dssync.schedules.fragments import Fragments
 from dssync.schedules.mixing import consensus_error, mixing_matrix, product_matrix, spectral_gap
 
@@ -15,8 +22,10 @@ __all__ = [
     "Static",
     "check_partition",
     "consensus_error",
+    "default_schedule",
     "group_of",
     "mixing_matrix",
+    "peer_bound",
     "product_matrix",
     "spectral_gap",
     "split_even",

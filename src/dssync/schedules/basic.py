@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -151,3 +152,34 @@ class Global(Schedule):
 
     def cycle(self, world_size: int) -> int | None:
         return 1
+
+
+# Up to this world size the default schedule draws fresh pairs at every averaging, as it always
+# did; above it, a cycle of peer_bound(N) random pairings (results at <= 16 ranks are unchanged).
+FRESH_UP_TO = 16
+
+
+def peer_bound(world_size: int) -> int:
+    """Distinct peers a rank meets at most under :func:`default_schedule` above
+    :data:`FRESH_UP_TO` ranks: 2 * ceil(log2(N)), a cycle of that many random pairings (12 at 64
+    ranks, 20 at 1,024). On paper (:func:`~dssync.schedules.consensus_error`) it mixes as well as
+    fresh pairs: after 48 averagings 1.5e-7 against 4.2e-7 at 64 ranks, 4.8e-7 against 4.9e-7
+    at 128."""
+    return 2 * math.ceil(math.log2(max(world_size, 2)))
+
+
+def default_schedule(world_size: int) -> Shuffle:
+    """DSSync's schedule when none is given: random pairs (at an odd world size a pair and a
+    rank alone), fresh at every averaging up to :data:`FRESH_UP_TO` ranks; above, repeating
+    every :func:`peer_bound` averagings, so each rank's set of distinct peers stays bounded (on
+    NCCL each peer is a connection with buffers of its own, ``NCCL_BUFFSIZE`` per channel).
+
+    Example::
+
+        >>> default_schedule(64).repeat, default_schedule(8).repeat
+        (12, None)
+    """
+    uneven = world_size % 2 == 1
+    if world_size <= FRESH_UP_TO:
+        return Shuffle(2, uneven=uneven)
+    return Shuffle(2, repeat=peer_bound(world_size), uneven=uneven)

@@ -33,7 +33,7 @@ from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
 from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
-from dssync.schedules import Fragments, Schedule, Shuffle, group_of
+from dssync.schedules import Fragments, Schedule, Shuffle, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
@@ -60,7 +60,9 @@ class DSSync(Strategy, Joinable):
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
             tensors are re-laid into flat buckets).
         schedule: which ranks average together at each averaging (default: random pairs; at an
-            odd world size a pair and a rank alone, shuffled each time).
+            odd world size a pair and a rank alone, shuffled each time; above 16 ranks a cycle of
+            2*ceil(log2 N) shuffles, so each rank meets a bounded set of peers:
+            :func:`~dssync.schedules.default_schedule`).
         process_group: the ranks taking part (default: all); schedule ranks are ranks of it.
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         topology: hosts and racks of the ranks (:class:`~dssync.topology.Topology`): the schedule
@@ -166,7 +168,7 @@ class DSSync(Strategy, Joinable):
         if topology is not None:
             schedule = plan_topology_aware(topology, max_every=replan or 8)
         if schedule is None:
-            schedule = Shuffle(2, uneven=self.world_size % 2 == 1)
+            schedule = default_schedule(self.world_size)
         self.fragments = fragments
         self.schedule = Fragments(schedule, fragments) if fragments != 1 else schedule
         self.average_buffers = average_buffers
@@ -290,6 +292,7 @@ class DSSync(Strategy, Joinable):
                 Tag(STEP, self.steps, 0),
                 list(range(self.world_size)),
                 self.timeout_s,
+                process_group=self.join_process_group,
             )
         self._step()
 

@@ -10,6 +10,7 @@ schedule, :class:`~dssync.schedules.gossip.ExpGossip`, run by :class:`DSSync`.)
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from dssync.comm.align import align_rest
 from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors, swap_ops
 from dssync.comm.tags import ALL
+from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost
 from dssync.schedules.gossip import ring_peers
 from dssync.strategies.base import Strategy, SyncTimer
@@ -95,10 +97,11 @@ class DPSGD(Strategy):
             dst = self._global(peer)
             for tag, (buf, recv) in enumerate(zip(self._buckets.buffers, inbox, strict=True)):
                 ops += swap_ops(recv, buf, dst, self.process_group, tag)
+        deadline = time.monotonic() + self.timeout.total_seconds()
         for work in dist.batch_isend_irecv(ops):
             try:
-                work.wait(self.timeout)
-            except RuntimeError as e:
+                wait_for(work, deadline, self.process_group)
+            except WaitFailed as e:
                 raise PeerLost(
                     f"rank {self.rank} got no parameters from its ring neighbours {self.peers} "
                     f"within {self.timeout.total_seconds():.0f}s at step {self.steps} ({e}); "

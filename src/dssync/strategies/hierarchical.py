@@ -138,18 +138,20 @@ class Hierarchical(Strategy):
         tag, members = Tag(ALL, self.steps, flat.numel()), list(range(self.world_size))
         lend([flat])
 
-        def done(work) -> None:
-            wait(work, deadline, tag, members, self.timeout_s)
+        def done(work, pg: dist.ProcessGroup) -> None:
+            wait(work, deadline, tag, members, self.timeout_s, process_group=pg)
 
         if self._local is self.parent:
-            done(dist.all_reduce(flat, group=self.parent, async_op=True))
+            done(dist.all_reduce(flat, group=self.parent, async_op=True), self.parent)
             return
         if self._local is not None:
-            done(dist.reduce(flat, dst=self.leader, group=self._local, async_op=True))
+            done(dist.reduce(flat, dst=self.leader, group=self._local, async_op=True), self._local)
         if self._leader_pg is not None:
-            done(dist.all_reduce(flat, group=self._leader_pg, async_op=True))
+            done(dist.all_reduce(flat, group=self._leader_pg, async_op=True), self._leader_pg)
         if self._local is not None:
-            done(dist.broadcast(flat, src=self.leader, group=self._local, async_op=True))
+            done(
+                dist.broadcast(flat, src=self.leader, group=self._local, async_op=True), self._local
+            )
 
     @torch.no_grad()
     def average_all(self) -> None:

@@ -62,7 +62,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -71,6 +70,7 @@ from torch import nn
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -187,7 +187,7 @@ class ParameterServer(Strategy):
                 self._take(self.server.pulled(self.clock))
                 return
             for w in self._sends:
-                self._wait(w, self.timeout_s, "push")
+                self._wait(w, self.timeout_s, "push", self.requests)
             self._wait(self._recvs[0], 2 * self.timeout_s, "answer")
             for w in self._recvs[1:]:
                 self._wait(w, self.timeout_s, "answer")
@@ -202,10 +202,11 @@ class ParameterServer(Strategy):
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
 
-    def _wait(self, work, timeout_s: float, what: str) -> None:
+    def _wait(self, work, timeout_s: float, what: str, group=None) -> None:
+        """Wait for ``work`` on ``group`` (default: the answers' group) at most ``timeout_s``."""
         try:
-            work.wait(timeout=timedelta(seconds=timeout_s))
-        except (dist.DistError, RuntimeError) as e:
+            wait_for(work, time.monotonic() + timeout_s, group or self.answers)
+        except WaitFailed as e:
             raise PeerLost(
                 f"rank {self.rank} got no {what} through the parameter server (rank 0) at step "
                 f"{self.clock} within {timeout_s:g} s: rank 0 died or stopped answering "
@@ -246,7 +247,7 @@ class ParameterServer(Strategy):
         while True:
             answer = torch.empty(self.world_size + 3, dtype=torch.float64)
             request = dist.isend(self._header(FINAL), server, group=self.requests)
-            self._wait(request, self.timeout_s, "final request")
+            self._wait(request, self.timeout_s, "final request", self.requests)
             self._wait(dist.irecv(answer, server, group=self.answers), self.timeout_s, "answer")
             self._check(answer)
             if answer[0].item() == DONE:
@@ -453,8 +454,8 @@ class _Server:
                     for h in host:
                         work = dist.irecv(h, src, group=ps.requests)
                         try:
-                            work.wait(timeout=timedelta(seconds=ps.timeout_s))
-                        except (dist.DistError, RuntimeError) as e:
+                            wait_for(work, time.monotonic() + ps.timeout_s, ps.requests)
+                        except WaitFailed as e:
                             raise _lost(0, clock, [worker], ps.timeout_s, self.n, e) from e
                     self._serve_push(worker, clock, host, lrs)
                 else:

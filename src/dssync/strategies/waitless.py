@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -58,6 +57,7 @@ from torch import nn
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
@@ -193,9 +193,8 @@ class AsyncDSSync(Strategy):
 
     def _wait(self, work, peer: int) -> None:
         try:
-            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-                raise RuntimeError("wait returned False")
-        except (dist.DistError, RuntimeError) as e:
+            wait_for(work, time.monotonic() + self.timeout_s, self.wire)
+        except WaitFailed as e:
             raise PeerLost(
                 f"rank {self.rank} got no answer from passive rank {peer} at step {self.steps} "
                 f"within timeout_s={self.timeout_s:g} ({type(e).__name__}): it died or stopped; "
@@ -332,8 +331,9 @@ class _Server:
                     dist.isend(layout, src, group=sync.wire, tag=ANSWER),
                     dist.isend(answer, src, group=sync.wire, tag=ANSWER + 1),
                 ]
+                deadline = time.monotonic() + sync.timeout_s
                 for w in works:
-                    w.wait(timeout=timedelta(seconds=sync.timeout_s))
+                    wait_for(w, deadline, sync.wire)
         except Exception as e:  # noqa: BLE001 - the training loop raises it at its next step
             self.error = PeerLost(
                 f"rank {sync.rank}'s serving thread lost an active rank ({type(e).__name__}: "

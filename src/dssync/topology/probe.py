@@ -83,9 +83,16 @@ def probe_bandwidth(
         torch.zeros(1, dtype=dtype, device=device),
         torch.zeros(1, dtype=dtype, device=device),
     )
-    if backend == dist.Backend.NCCL:  # a communicator's first op must be a collective
+    if backend != dist.Backend.GLOO:  # an nccl communicator's first op must be a collective
         first = dist.all_reduce(tiny, group=data, async_op=True)
-        wait(first, time.monotonic() + timeout_s, Tag(PROBE, 0, 1), list(range(world)), timeout_s)
+        wait(
+            first,
+            time.monotonic() + timeout_s,
+            Tag(PROBE, 0, 1),
+            list(range(world)),
+            timeout_s,
+            process_group=data,
+        )
     for i, pairs in enumerate(plan):
         partner = next((b if a == rank else a for a, b in pairs if rank in (a, b)), None)
         if partner is not None:
@@ -130,7 +137,7 @@ def _swap(
     deadline = time.monotonic() + timeout_s
     tag = Tag(PROBE, 0, out.numel())
     for w in dist.batch_isend_irecv(ops):
-        wait(w, deadline, tag, [dist.get_rank(), peer], timeout_s, [peer])
+        wait(w, deadline, tag, [dist.get_rank(), peer], timeout_s, [peer], process_group=pg)
 
 
 def infer_rates(

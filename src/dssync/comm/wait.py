@@ -1,0 +1,111 @@
+"""One bounded wait for every operation dssync starts: it returns, or it raises by the deadline.
+
+``Work.wait(timeout)`` means different things on different backends. On gloo it returns when the
+operation is done or raises at the timeout. On NCCL (without ``TORCH_NCCL_BLOCKING_WAIT``) it only
+makes the current CUDA stream wait and returns at once, ignoring the timeout: the next host read
+then blocks until the transfer ends, or until NCCL's watchdog ends the process at the group's
+timeout (10 minutes by default), naming no one. :func:`wait_for` bounds both:
+
+* on gloo (any backend not in :data:`POLLED`) it calls ``work.wait(timeout)`` with what is left
+  of the deadline, as before (no polling: nothing slower on gloo);
+* on a backend in :data:`POLLED` (nccl, the ``nccl_like`` test backend) it polls
+  ``work.is_completed()``, sleeping between polls from :data:`FIRST_NAP_S` up to
+  :data:`LONGEST_NAP_S`, then calls ``work.wait()`` (which on NCCL orders the current stream
+  after the work, and raises the work's error). When the deadline passes first it aborts the
+  process group (``ProcessGroup.abort()``: an NCCL communicator with a stuck operation cannot be
+  used again, and aborting frees it and stops the watchdog from ending the process) and raises.
+
+It raises :class:`WaitFailed` saying whether the deadline passed (``expired``) or the operation
+failed, and when the wait began; callers turn it into :class:`~dssync.errors.PeerLost` naming the
+peer (:func:`dssync.comm.exchange.wait`). A rank ends its wait at most about
+:data:`LONGEST_NAP_S` after its deadline; what callers add after it (a roll call that finds who
+never came) they state themselves.
+
+Example::
+
+    work = dist.all_reduce(t, group=pg, async_op=True)
+    wait_for(work, time.monotonic() + 60, pg)   # returns, or raises WaitFailed within ~60 s
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from datetime import timedelta
+
+import torch.distributed as dist
+
+# Backends whose Work.wait(timeout) ignores its timeout: their waits poll is_completed(). Any
+# other (gloo, and wrappers of it such as the tests' strict backend, whose point-to-point works
+# report completion only from wait()) keeps work.wait(timeout). A test backend with NCCL's
+# semantics adds its name here (dssync.testing.nccl_like does).
+POLLED: set[str] = {"nccl"}
+FIRST_NAP_S = 50e-6  # the first sleep between two polls of is_completed()
+LONGEST_NAP_S = 1e-3  # sleeps double up to this: a finished transfer is seen within 1 ms
+
+
+class WaitFailed(RuntimeError):
+    """A bounded wait that did not see its operation succeed.
+
+    ``expired``: the deadline passed first (else the operation failed: a connection closed).
+    ``started``: when the wait began (``time.monotonic()``).
+    """
+
+    def __init__(self, message: str, expired: bool, started: float) -> None:
+        super().__init__(message)
+        self.expired = expired
+        self.started = started
+
+
+_bounded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> bounded(group)
+
+
+def bounded(process_group: dist.ProcessGroup | None) -> bool:
+    """True when ``process_group``'s ``Work.wait(timeout)`` honours its timeout (not in
+    :data:`POLLED`)."""
+    pg = process_group if process_group is not None else dist.group.WORLD
+    known = _bounded.get(pg)
+    if known is None:
+        try:
+            known = _bounded[pg] = dist.get_backend(pg) not in POLLED
+        except (RuntimeError, ValueError):  # destroyed, or not a group of this process
+            return False  # polling is safe for any work that reports is_completed()
+    return known
+
+
+def abort(process_group: dist.ProcessGroup | None) -> None:
+    """Abort ``process_group``'s communicator (its pending operations fail; it is unusable)."""
+    pg = process_group if process_group is not None else dist.group.WORLD
+    try:
+        pg.abort()
+    except (RuntimeError, AttributeError, NotImplementedError):  # nothing to abort, or gone
+        pass
+
+
+def wait_for(work, deadline: float, process_group: dist.ProcessGroup | None = None) -> None:
+    """Return when ``work`` succeeded; raise :class:`WaitFailed` when it failed or ``deadline``
+    (``time.monotonic()`` seconds) passed first. ``process_group`` is the group ``work`` runs on
+    (None: the default group): it says how to wait, and it is what an expiry aborts."""
+    started = time.monotonic()
+    if bounded(process_group):
+        try:
+            done = work.wait(timeout=timedelta(seconds=max(deadline - started, 0.001)))
+        except (dist.DistError, RuntimeError) as e:
+            raise WaitFailed(str(e), time.monotonic() >= deadline - 0.05, started) from e
+        if done is False:  # a wait that reports its timeout instead of raising
+            raise WaitFailed("the wait returned False (timed out)", True, started)
+        return
+    nap = FIRST_NAP_S
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            abort(process_group)
+            raise WaitFailed(
+                "not completed by the deadline; the process group was aborted", True, started
+            )
+        time.sleep(nap)
+        nap = min(nap * 2, LONGEST_NAP_S)
+    try:
+        work.wait()
+    except (dist.DistError, RuntimeError) as e:
+        abort(process_group)
+        raise WaitFailed(str(e), False, started) from e

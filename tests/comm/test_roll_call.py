@@ -1,0 +1,52 @@
+"""A rank waiting in a global average is never named as missing (issue 41, item 2): before the
+average each member says "I came" in the store, so the roll call needs no window to guess."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dssync.launch import WorkerError, spawn
+
+WORLD = 4
+
+
+def _late_and_absent(out_dir: str) -> None:
+    """Rank 3 never comes; rank 0 comes 2 s late and waits. The roll call's window is cut to
+    1 s, so without the early word rank 0 (waiting since 2 s, failing at 5 s) was still silent
+    when ranks 1 and 2 (failing at 3 s) gave up asking at 4 s."""
+    from dssync.comm import exchange
+    from dssync.comm.exchange import average_tensors
+
+    exchange.RollCall.__init__.__defaults__ = (None, 1.0)
+    rank = dist.get_rank()
+    if rank != 3:
+        if rank == 0:
+            time.sleep(2)
+        try:
+            average_tensors([torch.ones(8)], None, WORLD, timeout_s=3)
+            report = {"kind": "ok", "message": ""}
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            report = {"kind": type(e).__name__, "message": str(e), "ranks": e.ranks}
+        Path(out_dir, str(rank)).write_text(json.dumps(report))
+    end = time.monotonic() + 60
+    while time.monotonic() < end and len(list(Path(out_dir).iterdir())) < WORLD - 1:
+        time.sleep(0.05)
+    os._exit(3)
+
+
+@pytest.mark.slow  # 4 ranks, about 10 s on the loaded 2-core machine
+def test_a_member_waiting_in_a_global_average_is_not_named_missing(tmp_path):
+    with pytest.raises(WorkerError):
+        spawn(_late_and_absent, WORLD, args=(str(tmp_path),), timeout_s=90)
+    for rank in (0, 1, 2):
+        report = json.loads(Path(tmp_path, str(rank)).read_text())
+        assert report["kind"] == "PeerLost", report
+        assert report["ranks"] == [3], report
+        assert "rank 3 never came" in report["message"], report
