@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.averager import Router
-from dssync.comm.lane import OVERLAP, Lane
-from dssync.comm.tags import STEP
+from dssync.comm.lane import Lane
+from dssync.comm.tags import OVERLAP, STEP
 from dssync.errors import PeerLost, SyncError
 from dssync.launch import spawn
 
