@@ -229,9 +229,9 @@ class Router:
         every = whole
         residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
         device = every[0].device if every else torch.device("cpu")
-        collective = not residuals and (len(group) == self.size or tuple(group) in self.groups)
+        made = len(group) == self.size or tuple(group) in self.groups  # a collective's group
         # what a "no" must give back, where the transfer cannot stop before it changes it
-        keep = every if collective or residuals or not reads_free(device) else []
+        keep = every if made or not reads_free(device) else []
         saved = [t.clone() for t in [*keep, *residuals]]
         kept = [*keep, *residuals]
         if residuals and kind == ALL:  # one exact average: what the encodings lost comes back
@@ -242,6 +242,7 @@ class Router:
         if part != WHOLE:
             every = [b[part_slice(b.numel(), part)] for b in every]
             residuals = [e[part_slice(e.numel(), part)] for e in residuals]
+        collective = made and not residuals
         tag = Tag(kind, step, layout_of(every, part))
         finite = finite_of(every)  # on the device; it travels in the tag
         if residuals:

@@ -251,10 +251,11 @@ class Verdict:
     def of_signed(
         cls, tag: Tag, sent: torch.Tensor, reduced: torch.Tensor, group: list[int], rank: int
     ) -> Verdict:
-        """From a MAX-reduced :meth:`Tag.signed` tensor (``sent`` is this rank's, signed)."""
+        """From a MAX-reduced :meth:`Tag.signed` tensor followed by one slot per member of
+        ``group`` (1 where that member's values are not finite); ``sent`` is this rank's."""
         high, low = reduced[:FINITE], reduced[FIELDS : FIELDS + FINITE].neg()
         same = (high == sent[:FINITE]).all() & (low == sent[:FINITE]).all()
-        go = same & (reduced[FIELDS + FINITE] == -1)  # the smallest finite flag is 1
+        go = same & (reduced[2 * FIELDS :] == 0).all()
         return cls(go, tag, group, rank, sent, reduced=reduced)
 
     def known(self) -> bool | None:
@@ -270,13 +271,8 @@ class Verdict:
     def nonfinite(self) -> list[int]:
         """Ranks whose tag said their values were not finite (host reads: error path only)."""
         if self._reduced is not None:
-            if int(self._reduced[FIELDS + FINITE]) == -1:
-                return []
-            return (
-                [r for r in self.group if r != self.rank]
-                if int(self._sent[FINITE])
-                else [self.rank]
-            )
+            slots = self._reduced[2 * FIELDS :].tolist()
+            return [r for r, bad in zip(self.group, slots, strict=True) if bad]
         flags = {self.rank: int(self._sent[FINITE])}
         flags.update({r: int(t[FINITE]) for r, t in (self._theirs or {}).items()})
         return sorted(r for r, f in flags.items() if f != 1)
