@@ -482,7 +482,12 @@ def collective_average(
     """
     deadline = time.monotonic() + timeout_s
     device = buffers[0].device if buffers else torch.device("cpu")
-    signed = tag.signed(device, finite)
+    me = dist.get_rank(process_group)
+    # this rank's tag as [t, -t], then one slot per member: 1 where that member is not finite
+    bad = torch.zeros(len(group), dtype=torch.int64, device=device)
+    if finite is not None:
+        bad[me].copy_(1 - finite)
+    signed = torch.cat([tag.signed(device, finite), bad])
     sent = signed.clone()
     lend([signed, *buffers])
     works = [dist.all_reduce(signed, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
@@ -490,10 +495,7 @@ def collective_average(
         b.div_(len(group))
         works.append(dist.all_reduce(b, group=process_group, async_op=True))
     wait(works[0], deadline, tag, group, timeout_s, roll=roll)
-    rank = dist.get_rank(process_group)
-    verdict = Verdict.of_signed(
-        tag, sent, signed, group, group[rank] if rank < len(group) else rank
-    )
+    verdict = Verdict.of_signed(tag, sent, signed, group, group[me])
     arrived = time.perf_counter()
     for w in works[1:]:
         wait(w, deadline, tag, group, timeout_s, roll=roll, came=True)
