@@ -117,6 +117,7 @@ def _ring() -> dict[str, object]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5))
     strategy = DPSGD(model, bucket_bytes=64)  # several buckets, several messages per neighbour
+    strategy.time_sync()
     with torch.no_grad():  # rank-specific parameters and buffers, written into the buckets
         for t in strategy._buckets.tensors:
             t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(rank)))

@@ -27,6 +27,7 @@ def _grads_each(cases) -> list[list[torch.Tensor]]:
 def _grads(topology: Topology, bucket_bytes: int) -> list[torch.Tensor]:
     m = _model()
     strategy = Hierarchical(m, topology, bucket_bytes=bucket_bytes)
+    strategy.time_sync()
     m(_batch(dist.get_rank())).pow(2).sum().backward()
     strategy.after_backward()
     assert strategy.take_sync_time() > 0

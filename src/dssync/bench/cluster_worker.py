@@ -146,6 +146,7 @@ def run(
     burn = Burn(compute_ms, kind=compute_kind)
     compute_s = compute_time(model, x, burn)  # before DDP's hooks are on the parameters
     strategy, info = build(cfg, model, optimizer, probe)
+    strategy.time_sync()  # each step's record holds take_sync_time()
     info["compute_s"] = compute_s
     dist.barrier()
     records = []

@@ -87,6 +87,7 @@ def check_start(sync: Any) -> None:
         "sync method": _show(sync.name),
         "pairs (exchange or all_reduce)": _show(getattr(sync, "pairs", "exchange")),
         "wire format": _show(getattr(sync, "wire", "fp32")),
+        "nonfinite": _show(getattr(sync, "nonfinite", "raise")),
         "model (parameter and buffer names, shapes, dtypes)": (
             f"{len(named)} tensors of {numel} elements #{module_fingerprint(named):x}"
         ),
@@ -107,6 +108,7 @@ def check_start(sync: Any) -> None:
         "sync method": "wrap the model with the same sync method (class) on every rank",
         "pairs (exchange or all_reduce)": "pass the same pairs= on every rank",
         "wire format": "pass the same wire= (--wire) on every rank",
+        "nonfinite": "pass the same nonfinite= on every rank",
         "model (parameter and buffer names, shapes, dtypes)": "build the same model on every rank before wrapping it",
         "schedule": "give every rank the same schedule type, group size and seed",
         "bucket_bytes": "pass the same bucket_bytes on every rank",

@@ -19,8 +19,17 @@ On nccl the first point-to-point operation of a communicator must not come befor
 collective, so a Router on a group that is not gloo (nccl, the ``nccl_like`` test backend) runs one all_reduce of one element on ``device`` (the
 parameters' device; by default the current CUDA device) at construction.
 
-Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout) checked after the
-transfer, and every wait is bounded by ``timeout_s`` (see :mod:`dssync.comm.exchange`).
+Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout, and whether every
+value this rank sends is finite), compared on the device, and every wait is bounded by
+``timeout_s`` (see :mod:`dssync.comm.exchange`). A "no" (tags that differ, or a member whose
+values are not finite) leaves every member with the values it had, residuals included: where
+the host has the verdict without waiting (the CPU) the transfer stops before anything received
+is used; on a device the Router keeps copies and selects them back on the device
+(``torch.where``), and reads the verdict when its copy to the host is done, at the latest at the
+next averaging. Nothing in a steady-state averaging reads the device on the host.
+``nonfinite="raise"`` then raises :class:`~dssync.errors.SyncError` on every member (the rank
+at fault names itself, the step and the tensor; the others name it); ``"skip"`` warns once and
+goes on.
 Tensors that already are flat bucket views (``DSSync``'s parameters) are averaged in place;
 others (optimizer state, a torch averager's parameters) are packed, averaged in the same call,
 and unpacked: one flatten/reduce/copy routine for every strategy.
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 
@@ -52,15 +62,25 @@ from dssync.comm.exchange import (
     wait,
 )
 from dssync.comm.inflight import lend
-from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
+from dssync.comm.tags import (
+    ALL,
+    AVERAGER,
+    Tag,
+    Verdict,
+    finite_of,
+    first_nonfinite,
+    layout_of,
+    reads_free,
+)
 from dssync.comm.wire import Residuals, codec_for
-from dssync.errors import UsageError
+from dssync.errors import SyncError, UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part, part_slice
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_GROUPS = 256  # process groups one Router makes at most; beyond, groups go point to point
 PAIRS = ("exchange", "all_reduce")
+NONFINITE = ("raise", "skip")  # what a Router does when a member's values are not finite
 
 
 class Router:
@@ -90,7 +110,18 @@ class Router:
         device: torch.device | None = None,
         wire: str = "fp32",
         inband: bool = True,
+        nonfinite: str = "raise",
     ) -> None:
+        if nonfinite not in NONFINITE:
+            raise UsageError(
+                f"nonfinite={nonfinite!r}: choose 'raise' (stop with SyncError) or 'skip' (keep "
+                "every member's own values for that averaging and go on)"
+            )
+        self.nonfinite = nonfinite
+        self._warned = False
+        # names the element ``index`` of the averaged buffer ``i`` for an error (DSSync sets it)
+        self.names = None
+        self._unread: tuple[Verdict, list[torch.Tensor]] | None = None
         self.codec = codec_for(wire)
         self.residuals = Residuals()  # the error memory of a compressed wire
         if pairs not in PAIRS:
@@ -200,11 +231,19 @@ class Router:
         """
         group = list(group)
         self.arrived = None
+        self.settle()
         if len(group) < 2:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
-        every = list(buffers) + [f for f, _ in flats]
+        whole = list(buffers) + [f for f, _ in flats]
+        every = whole
         residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
+        device = every[0].device if every else torch.device("cpu")
+        made = len(group) == self.size or tuple(group) in self.groups  # a collective's group
+        # what a "no" must give back, where the transfer cannot stop before it changes it
+        keep = every if made or not reads_free(device) else []
+        saved = [t.clone() for t in [*keep, *residuals]]
+        kept = [*keep, *residuals]
         if residuals and kind == ALL:  # one exact average: what the encodings lost comes back
             for b, e in zip(every, residuals, strict=True):
                 b.add_(e)
@@ -213,23 +252,95 @@ class Router:
         if part != WHOLE:
             every = [b[part_slice(b.numel(), part)] for b in every]
             residuals = [e[part_slice(e.numel(), part)] for e in residuals]
+        collective = made and not residuals
         tag = Tag(kind, step, layout_of(every, part))
+        finite = finite_of(every)  # on the device; it travels in the tag
         if residuals:
-            self.arrived = encoded_average(
-                every, residuals, self.codec, self.parent, group, tag, self.timeout_s, self.roll
+            self.arrived, verdict = encoded_average(
+                every,
+                residuals,
+                self.codec,
+                self.parent,
+                group,
+                tag,
+                self.timeout_s,
+                self.roll,
+                finite,
             )
-        elif len(group) == self.size:
-            self.arrived = collective_average(
-                every, self.parent, group, tag, self.timeout_s, self.roll
-            )
-        elif tuple(group) in self.groups:
-            self.arrived = collective_average(
-                every, self.groups[tuple(group)], group, tag, self.timeout_s, self.roll
+        elif collective:
+            pg = self.parent if len(group) == self.size else self.groups[tuple(group)]
+            self.arrived, verdict = collective_average(
+                every, pg, group, tag, self.timeout_s, self.roll, finite
             )
         else:
-            self.exchange.average(every, group, tag, self.timeout_s)
-            self.arrived = self.exchange.arrived
+            self.exchange.average(every, group, tag, self.timeout_s, finite)
+            self.arrived, verdict = self.exchange.arrived, self.exchange.verdict
+        ok = verdict.known()
+        if ok is None:  # on a device: select the kept values back there, read the verdict later
+            for t, s in zip(kept, saved, strict=True):
+                torch.where(verdict.go, t, s, out=t)
+            self._unread = (verdict, whole)
+        elif not ok:
+            for t, s in zip(kept, saved, strict=True):
+                t.copy_(s)
+            self._refuse(verdict, whole)
+            return  # skipped: packed tensors keep their own values
         unpack(flats)
+
+    def settle(self) -> None:
+        """Read the verdict of the last averaging if it was left on the device, and raise what
+        it says (waits for its copy to the host if that is not done; called at the next
+        averaging, and where a caller already waits)."""
+        if self._unread is None:
+            return
+        verdict, buffers = self._unread
+        self._unread = None
+        if not verdict.ok():
+            self._refuse(verdict, buffers)
+
+    def _refuse(self, verdict: Verdict, buffers: list[torch.Tensor]) -> None:
+        """Raise (or, for non-finite values with ``nonfinite="skip"``, warn once about) a
+        verdict that said no; the values were kept (host reads: this is the error path)."""
+        error = verdict.out_of_step()
+        if error is not None:
+            raise error
+        bad, tag, group = verdict.nonfinite(), verdict.tag, verdict.group
+        if self.nonfinite == "skip":
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"rank(s) {bad} had non-finite values at {tag.describe()}: group {group} "
+                    "skipped that averaging, each member kept its own values (nonfinite='skip'; "
+                    "said once)",
+                    stacklevel=4,
+                )
+            return
+        if self.rank in bad:
+            found = first_nonfinite(buffers)
+            if found is None:
+                where = "values so large that their sum overflows float32"
+            elif self.names is not None:
+                where = self.names(*found)
+            else:
+                where = f"buffer {found[0]}, element {found[1]}"
+            raise SyncError(
+                f"non-finite values on this rank (rank {self.rank}) at {tag.describe()}, in "
+                f"{where}: group {group} skipped that averaging and no value left this rank; "
+                "find where the NaN or Inf came from (learning rate, loss scale, data), or pass "
+                "nonfinite='skip' to go on without averaging such steps",
+                step=tag.step,
+                group=group,
+                ranks=[self.rank],
+            )
+        who = f"rank {bad[0]}" if len(bad) == 1 else f"ranks {bad}"
+        raise SyncError(
+            f"{who} of group {group} had non-finite values at {tag.describe()}: this rank "
+            f"(rank {self.rank}) kept its own values and the averaging was skipped; see {who}'s "
+            "error for the tensor, or pass nonfinite='skip' to go on without averaging such steps",
+            step=tag.step,
+            group=group,
+            ranks=bad,
+        )
 
 
 class GroupAverager(ModelAverager):

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 import torch
 
-from dssync.comm.tags import layout_of
+from dssync.comm.tags import FIELDS, layout_of
 from dssync.errors import UsageError
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 # Spare bytes kept after each bucket: a pair whose whole model is one message writes its tag
 # there and sends it in the data's own message (:mod:`dssync.comm.exchange`), one message not two.
-ROOM_BYTES = 24
+ROOM_BYTES = 8 * FIELDS  # an int64 tag (dssync.comm.tags)
 
 
 class FlatBuckets:

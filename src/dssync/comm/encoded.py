@@ -31,7 +31,9 @@ racks of ``k/2`` carries ``k/4`` compressed buffers each way per stage, where a 
 one. On 8 ranks in two racks, int8 puts 0.57x the bytes of an fp32 ring all-reduce on the
 uplink (gathering whole int8 messages put 2.3x); :mod:`dssync.bench.bounds` routes it as such.
 
-Tags are checked exactly before any received byte is used; every wait is bounded by the
+Tags are compared exactly on the device (:class:`~dssync.comm.tags.Verdict`); where the host
+has the verdict without waiting (the CPU) a "no" stops before any received byte is used, on a
+device the caller restores the buffers and residuals it kept. Every wait is bounded by the
 deadline and a failed one raises :class:`~dssync.errors.PeerLost` (see
 :func:`dssync.comm.exchange.wait`).
 """
@@ -46,7 +48,7 @@ import torch.distributed as dist
 
 from dssync.comm.exchange import DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW, RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
-from dssync.comm.tags import Tag, check_peers
+from dssync.comm.tags import Tag, Verdict
 from dssync.comm.wire import (
     CHUNK,
     Codec,
@@ -72,17 +74,19 @@ def encoded_average(
     tag: Tag,
     timeout_s: float,
     roll: RollCall | None = None,
-) -> float:
+    finite: torch.Tensor | None = None,
+) -> tuple[float, Verdict]:
     """Average ``buffers`` (flat, in place) over ``group`` (ranks of ``process_group``), each
     sent as ``codec`` encodes it with its residual. Returns when every member's tag had come
-    (``time.perf_counter``), as :attr:`~dssync.comm.exchange.Exchange.arrived`."""
+    (``time.perf_counter``), as :attr:`~dssync.comm.exchange.Exchange.arrived`, and the
+    :class:`~dssync.comm.tags.Verdict` (``finite``: this rank's flag for its tag)."""
     deadline = time.monotonic() + timeout_s
     rank = dist.get_rank(process_group)
     if len(group) > 2:
         return _two_stage(
-            buffers, residuals, codec, process_group, group, rank, tag, deadline, roll
+            buffers, residuals, codec, process_group, group, rank, tag, deadline, roll, finite
         )
-    return _pair(buffers, residuals, codec, process_group, group, rank, tag, deadline)
+    return _pair(buffers, residuals, codec, process_group, group, rank, tag, deadline, finite)
 
 
 def _pieces(buffers: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -94,7 +98,7 @@ def _pieces(buffers: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
     ]
 
 
-def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
+def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline, finite=None):
     """Two ranks: each piece encoded, swapped and averaged in turn (module docstring).
 
     At most :data:`WINDOW` pieces are in flight: piece c+WINDOW is encoded and posted when piece
@@ -106,7 +110,7 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
     peer = group[0] if group[1] == rank else group[1]
     g = _global(pg, peer)
     device = buffers[0].device if buffers else torch.device("cpu")
-    tags, heads = _tag_ops(tag, [peer], pg, device)
+    sent, tags, heads = _tag_ops(tag, [peer], pg, device, finite)
     pieces = _pieces(buffers)
 
     def post(c: int) -> tuple:
@@ -124,8 +128,13 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
     ahead = [post(c) for c in range(min(WINDOW, len(pieces)))]
     for w in tag_works:
         wait(w, deadline, tag, group, timeout_s, [peer], process_group=pg)
-    check_peers(tag, tags, group)
+    verdict = Verdict.of_peers(tag, sent, tags, group, rank)
     arrived = time.perf_counter()
+    if verdict.known() is False:  # both see the same tags: both keep their own values
+        for works, _, _ in ahead:
+            for w in works:
+                wait(w, deadline, tag, group, timeout_s, [peer], came=True, process_group=pg)
+        return arrived, verdict
     for c, (i, lo, hi) in enumerate(pieces):
         works, mine, into = ahead[c]
         for w in works:  # the peer came (its tag was checked): a failure now is mid-transfer
@@ -137,20 +146,20 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline):
         theirs = codec.decode(into, hi - lo, b.dtype)
         # decoded copies only: the piece, encoded already, is free to take the mean
         mean_in_order([mine, theirs] if rank == group[0] else [theirs, mine], out=b[lo:hi])
-    return arrived
+    return arrived, verdict
 
 
 def _global(pg: dist.ProcessGroup, r: int) -> int:
     return r if pg in (None, dist.group.WORLD) else dist.get_global_rank(pg, r)
 
 
-def _tag_ops(tag, peers, pg, device):
-    mine = tag.tensor(device)
+def _tag_ops(tag, peers, pg, device, finite=None):
+    mine = tag.tensor(device, finite)
     tags = {p: torch.empty_like(mine) for p in peers}
     ops = []
     for p in peers:
         ops += swap_ops(tags[p], mine, _global(pg, p), pg)
-    return tags, ops
+    return mine, tags, ops
 
 
 def _post(ops: list[dist.P2POp]) -> list:
@@ -162,7 +171,7 @@ def _post(ops: list[dist.P2POp]) -> list:
     return dist.batch_isend_irecv(ops)
 
 
-def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
+def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll, finite=None):
     """A group of three or more: shares to their owners, owners' means back (module docstring)."""
     k, me = len(group), group.index(rank)
     peers = [r for r in group if r != rank]
@@ -174,7 +183,7 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
         sent.append([msg for msg, _ in msgs])
         mine.append(msgs[me][1])
     size = [[hi - lo for lo, hi in cut] for cut in cuts]  # size[i][j]: buffer i's share j
-    tags, heads = _tag_ops(tag, peers, pg, device)
+    sent_tag, tags, heads = _tag_ops(tag, peers, pg, device, finite)
     got = {p: [codec.empty(size[i][me], b) for i, b in enumerate(buffers)] for p in peers}
     ops = []
     for p in peers:
@@ -187,10 +196,12 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
     tag_works, share_works = _post(heads), _post(ops)
     for w in tag_works:
         wait(w, deadline, tag, group, timeout_s, known, roll, process_group=pg)
-    check_peers(tag, tags, group)
+    verdict = Verdict.of_peers(tag, sent_tag, tags, group, rank)
     arrived = time.perf_counter()
     for w in share_works:
         wait(w, deadline, tag, group, timeout_s, known, roll, process_group=pg)
+    if verdict.known() is False:  # every member sees the same tags: all keep their own values
+        return arrived, verdict
     means = []  # my share's mean of each buffer, as it travels back
     for i, (b, e) in enumerate(zip(buffers, residuals, strict=True)):
         lo, hi = cuts[i][me]
@@ -218,4 +229,4 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll):
         for i, b in enumerate(buffers):
             lo, hi = cuts[i][j]
             b[lo:hi].copy_(codec.decode(back_in[p][i], hi - lo, b.dtype))
-    return arrived
+    return arrived, verdict

@@ -15,9 +15,13 @@ deadline; both leave every member with bit-identical buffers (the group mean) or
   links such a pair ran well behind an all_reduce pair (figures at ``DEFAULT_CHUNK_BYTES``).
   A larger group swaps whole chunks with every member and each member sums them in group
   order, so all compute the same floating-point sum; it moves k-1 buffers per member and is
-  meant for small groups of a schedule that never repeats. Tags are compared exactly before any
-  received byte is used; a pair whose one buffer is one chunk with room after it (a bucket of
-  :class:`~dssync.comm.buckets.FlatBuckets`) sends its tag at the end of the data's own message.
+  meant for small groups of a schedule that never repeats. Tags are compared exactly on the
+  device (:class:`~dssync.comm.tags.Verdict`); a pair whose one buffer is one chunk with room
+  after it (a bucket of :class:`~dssync.comm.buckets.FlatBuckets`) sends its tag at the end of
+  the data's own message. Where the host has the verdict without waiting (the CPU) a "no"
+  leaves every buffer as it was; on a device the caller restores them on the device
+  (:class:`~dssync.comm.averager.Router`), so a wrong tag or a non-finite sender is never
+  averaged in either way.
 * Every swap posts its receive before its send (:func:`swap_ops`). On gloo a send leaves only
   once the peer has said its receive is posted, and that notice travels on the same connection
   as data: posted after a send that could already go, it waited behind that send's bytes, and
@@ -48,9 +52,9 @@ import torch.distributed as dist
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, ROOM_BYTES, pack, room_of, unpack
 from dssync.comm.inflight import lend
-from dssync.comm.tags import ALL, BROADCAST, Tag, check_peers, check_signed, layout_of
+from dssync.comm.tags import ALL, BROADCAST, Tag, Verdict, layout_of
 from dssync.comm.wait import WaitFailed, wait_for
-from dssync.errors import PeerLost
+from dssync.errors import PeerLost, SyncError
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
 # same run): whole 16 MB buffers 1.03x / 1.36x / 1.86x in S1 / S2 / S3, 2 MB chunks with 2 in
@@ -267,8 +271,9 @@ class Exchange:
     """Group averages by point-to-point messages on one parent group (no group creation).
 
     ``group`` ranks are ranks of ``process_group``. Receive buffers are kept between calls.
-    ``arrived`` is when (``time.perf_counter``) the last call had every peer's tag checked: the
+    ``arrived`` is when (``time.perf_counter``) the last call had every peer's tag: the
     moment the whole group had come, so what follows is transfer, not waiting for a late peer.
+    ``verdict`` is the last call's :class:`~dssync.comm.tags.Verdict` (None: nothing to average).
     It is None after a pair whose tag rode inside its data (``inband``, below): there the wait
     and the transfer were one message. ``inband=False`` keeps the tag apart, for callers that
     time the transfer alone (re-planning).
@@ -288,6 +293,7 @@ class Exchange:
         self.inband = inband
         self._recv: dict[tuple[int, int], torch.Tensor] = {}
         self.arrived: float | None = None
+        self.verdict: Verdict | None = None
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.parent, r) if self.parent is not dist.group.WORLD else r
@@ -310,17 +316,25 @@ class Exchange:
         return [slice(i, min(i + step, b.numel())) for i in range(0, b.numel(), step)]
 
     def average(
-        self, buffers: Sequence[torch.Tensor], group: list[int], tag: Tag, timeout_s: float
+        self,
+        buffers: Sequence[torch.Tensor],
+        group: list[int],
+        tag: Tag,
+        timeout_s: float,
+        finite: torch.Tensor | None = None,
     ) -> None:
+        """Average ``buffers`` (flat, in place) with ``group``; ``finite``: this rank's finite
+        flag for its tag (:func:`~dssync.comm.tags.finite_of`; default: finite)."""
         deadline = time.monotonic() + timeout_s
         peers = [r for r in group if r != self.rank]
+        self.verdict = None
         if not peers:
             return
         if len(peers) == 1:
-            self._pair(buffers, group, peers[0], tag, timeout_s, deadline)
+            self._pair(buffers, group, peers[0], tag, timeout_s, deadline, finite)
             return
         device = buffers[0].device if buffers else torch.device("cpu")
-        mine = tag.tensor(device)
+        mine = tag.tensor(device, finite)
         tags = {p: torch.empty_like(mine) for p in peers}
         ops = []
         for p in peers:
@@ -343,8 +357,12 @@ class Exchange:
         for j, p in enumerate(peers):
             wait(works[2 * j], deadline, tag, group, timeout_s, [p], process_group=self.parent)
             wait(works[2 * j + 1], deadline, tag, group, timeout_s, [p], process_group=self.parent)
-        check_peers(tag, tags, group)
+        self.verdict = Verdict.of_peers(tag, mine, tags, group, self.rank)
         self.arrived = time.perf_counter()
+        if self.verdict.known() is False:  # all members see the same tags: all keep their own
+            for w in works[2 * len(peers) :]:
+                wait(w, deadline, tag, group, timeout_s, peers, process_group=self.parent)
+            return
         k = len(group)
         for i, sl, first in slots:
             for j, p in enumerate(peers):
@@ -383,6 +401,7 @@ class Exchange:
         tag: Tag,
         timeout_s: float,
         deadline: float,
+        finite: torch.Tensor | None = None,
     ) -> None:
         """Two ranks: each averages half of every chunk and sends it back (as a 2-rank all_reduce).
 
@@ -413,10 +432,11 @@ class Exchange:
 
         room = room_of(buffers[0]) if self.inband and len(buffers) == 1 else None
         if room is not None and len(self._chunks(buffers[0])) == 1:
-            self._tagged(buffers[0], room, group, peer, tag, done, post)
+            self._tagged(buffers[0], room, group, peer, tag, done, post, finite)
             return
         device = buffers[0].device if buffers else torch.device("cpu")
-        mine, theirs = tag.tensor(device), torch.empty(3, dtype=torch.int64, device=device)
+        mine = tag.tensor(device, finite)
+        theirs = torch.empty_like(mine)
         head = post(swap_ops(theirs, mine, g, self.parent))
         plan = []  # (buffer, own half, peer's half, recv buffer) per chunk, in order
         for i, b in enumerate(buffers):
@@ -438,8 +458,12 @@ class Exchange:
 
         ahead = [phase1(c) for c in range(min(self.window, len(plan)))]
         done(head)
-        check_peers(tag, {peer: theirs}, group)
+        self.verdict = Verdict.of_peers(tag, mine, {peer: theirs}, group, self.rank)
         self.arrived = time.perf_counter()
+        if self.verdict.known() is False:  # both see the same tags: both keep their own
+            for works in ahead:
+                done(works)
+            return
         back = []
         for c, (b, own, other, recv) in enumerate(plan):
             done(ahead[c])  # b[other] sent (it may now be overwritten); my half arrived
@@ -452,7 +476,15 @@ class Exchange:
         done(back)
 
     def _tagged(
-        self, b: torch.Tensor, room: torch.Tensor, group: list[int], peer: int, tag: Tag, done, post
+        self,
+        b: torch.Tensor,
+        room: torch.Tensor,
+        group: list[int],
+        peer: int,
+        tag: Tag,
+        done,
+        post,
+        finite: torch.Tensor | None = None,
     ) -> None:
         """A one-chunk pair whose buffer has room after it (:func:`~dssync.comm.buckets.room_of`):
         the tag is written into that room and swapped with the data in one message each way.
@@ -467,13 +499,16 @@ class Exchange:
         the tags are checked: gloo aborts the process that receives the longer message
         (``gloo::EnforceNotMet``, seen with the tag apart too), and on nccl they are undefined."""
         n = b.numel()
-        room[n:].view(torch.uint8)[:ROOM_BYTES].copy_(tag.tensor(b.device).view(torch.uint8))
+        mine = tag.tensor(b.device, finite)
+        room[n:].view(torch.uint8)[:ROOM_BYTES].copy_(mine.view(torch.uint8))
         recv = self._scratch((0, 0), room)
         recv[n:].zero_()  # a shorter message from a peer of another layout reads as no tag
         done(post(swap_ops(recv, room, self._global(peer), self.parent)))
         theirs = recv[n:].view(torch.uint8)[:ROOM_BYTES].clone().view(torch.int64)
-        check_peers(tag, {peer: theirs}, group)
+        self.verdict = Verdict.of_peers(tag, mine, {peer: theirs}, group, self.rank)
         self.arrived = None
+        if self.verdict.known() is False:
+            return
         b.add_(recv[:n]).div_(2)
 
 
@@ -488,29 +523,38 @@ def collective_average(
     tag: Tag,
     timeout_s: float,
     roll: RollCall | None = None,
-) -> float:
+    finite: torch.Tensor | None = None,
+) -> tuple[float, Verdict]:
     """Average ``buffers`` over all ranks of ``process_group`` (divide, then all-reduce), tagged.
 
-    Returns when (``time.perf_counter``) the tags' all-reduce, posted first, had been checked:
-    every member had come, so what follows is transfer (as :attr:`Exchange.arrived`). A tag
-    mismatch raises before the data is waited for (every member sees the same reduced tags).
+    Returns when (``time.perf_counter``) the tags' all-reduce, posted first, had come: every
+    member had come, so what follows is transfer (as :attr:`Exchange.arrived`), and the
+    :class:`~dssync.comm.tags.Verdict` of the reduced tags (every member sees the same). The
+    buffers are divided and reduced in place whatever it says: a caller that may be told "no"
+    keeps their values to restore (:class:`~dssync.comm.averager.Router` does).
     """
     deadline = time.monotonic() + timeout_s
     if roll is not None and tag.kind == ALL:  # a rare average: say "I came" first (one store
         roll = roll.arrive(group, tag)  # key each), so a member waiting too is never named
     device = buffers[0].device if buffers else torch.device("cpu")
-    signed = tag.signed(device)
+    me = dist.get_rank(process_group)
+    # this rank's tag as [t, -t], then one slot per member: 1 where that member is not finite
+    bad = torch.zeros(len(group), dtype=torch.int64, device=device)
+    if finite is not None:
+        bad[me].copy_(1 - finite)
+    signed = torch.cat([tag.signed(device, finite), bad])
+    sent = signed.clone()
     lend([signed, *buffers])
     works = [dist.all_reduce(signed, op=dist.ReduceOp.MAX, group=process_group, async_op=True)]
     for b in buffers:
         b.div_(len(group))
         works.append(dist.all_reduce(b, group=process_group, async_op=True))
     wait(works[0], deadline, tag, group, timeout_s, roll=roll, process_group=process_group)
-    check_signed(tag, signed, group)  # reads the tags on the host: on a GPU too, they are in
+    verdict = Verdict.of_signed(tag, sent, signed, group, group[me])
     arrived = time.perf_counter()
     for w in works[1:]:
         wait(w, deadline, tag, group, timeout_s, roll=roll, came=True, process_group=process_group)
-    return arrived
+    return arrived, verdict
 
 
 def broadcast_tensors(
@@ -551,6 +595,15 @@ def average_tensors(
     buffers = [f for f, _ in flats]
     members = list(range(group_size))
     tag = Tag(ALL, -1, layout_of(buffers))
-    arrived = collective_average(buffers, group, members, tag, timeout_s, RollCall(group))
+    saved = [b.clone() for b in buffers]
+    arrived, verdict = collective_average(buffers, group, members, tag, timeout_s, RollCall(group))
+    if not verdict.ok():  # off the averaging path: read at once
+        for b, s in zip(buffers, saved, strict=True):
+            b.copy_(s)
+        raise verdict.out_of_step() or SyncError(
+            f"non-finite values in {tag.describe()} in group {members}: the ranks kept their own",
+            step=tag.step,
+            group=members,
+        )
     unpack(flats)
     return arrived

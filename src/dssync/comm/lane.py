@@ -63,7 +63,6 @@ from dssync.comm.tags import Tag, layout_of
 from dssync.errors import PeerLost, UsageError
 from dssync.schedules.base import WHOLE, Part
 
-OVERLAP = 5  # the kind of an overlapped schedule step (a blocking step's tag is STEP)
 GRACE_S = 30.0  # beyond timeout_s, the most a caller waits for a worker that never answers
 
 
@@ -119,6 +118,7 @@ class Lane:
         device: torch.device | None = None,
         groups: dict[tuple[int, ...], dist.ProcessGroup] | None = None,
         wire: str = "fp32",
+        nonfinite: str = "raise",
     ) -> None:
         parent = process_group if process_group is not None else dist.group.WORLD
         ranks = dist.get_process_group_ranks(parent)
@@ -129,7 +129,9 @@ class Lane:
             use_local_synchronization=len(ranks) != dist.get_world_size(),
         )
         kwargs = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        self.router = Router(self.group, None, timeout_s, device=device, wire=wire, **kwargs)
+        self.router = Router(
+            self.group, None, timeout_s, device=device, wire=wire, nonfinite=nonfinite, **kwargs
+        )
         if groups is not None:
             self.router.groups = groups  # shared: the lender's later groups are seen too
         self.timeout_s = float(timeout_s)

@@ -29,7 +29,8 @@ class Strategy:
 
     ``model`` is what forward runs on (a wrapper such as DDP for BSP, else the module itself);
     ``module`` is the plain module whose parameters are trained. :meth:`take_sync_time` returns the
-    seconds spent synchronizing since it was last called.
+    seconds spent synchronizing since it was last called, once :meth:`time_sync` turned timing
+    on (a lab's training loop does; the library does not time itself by default).
     """
 
     name = "none"
@@ -41,6 +42,7 @@ class Strategy:
         self.module = module
         self.process_group = process_group
         self._sync_s = 0.0
+        self.timing = False
 
     @property
     def model(self) -> nn.Module:
@@ -65,8 +67,14 @@ class Strategy:
         It takes no more steps after. A process that runs several trainings one after another
         calls it between them (:func:`dssync.train.run.train_series`)."""
 
+    def time_sync(self, on: bool = True) -> None:
+        """Time each synchronization from now on (:meth:`take_sync_time`). An observer for a
+        lab's loop: on a GPU every timed synchronization waits for the device at both ends
+        (:class:`SyncTimer`), so the CPU can no longer run ahead of it; off by default."""
+        self.timing = on
+
     def take_sync_time(self) -> float:
-        """Seconds spent synchronizing since the last call."""
+        """Seconds spent synchronizing since the last call (0 unless :meth:`time_sync` is on)."""
         t, self._sync_s = self._sync_s, 0.0
         return t
 
@@ -78,19 +86,22 @@ class Strategy:
 
 
 class SyncTimer:
-    """Context manager that adds its elapsed time to a strategy's sync time.
+    """Context manager that adds its elapsed time to a strategy's sync time, when the strategy's
+    timing is on (:meth:`Strategy.time_sync`); otherwise it does nothing.
 
     On a GPU it waits for the device at both ends, so the time is that of the work itself, not of
-    queueing it (:func:`dssync.comm.clock.clock`).
+    queueing it (:func:`dssync.comm.clock.clock`): a cost only a run that asked for timings pays.
     """
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
-        self.device = module_device(strategy.module)
+        self.on = getattr(strategy, "timing", False)
+        self.device = module_device(strategy.module) if self.on else None
 
     def __enter__(self) -> SyncTimer:
-        self.t0 = clock(self.device)
+        self.t0 = clock(self.device) if self.on else 0.0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.strategy._sync_s += clock(self.device) - self.t0
+        if self.on:
+            self.strategy._sync_s += clock(self.device) - self.t0

@@ -96,6 +96,10 @@ class DSSync(Strategy, Joinable):
         fragments: average one of this many fragments of every buffer per averaging, in
             rotation (each coordinate once every ``fragments`` averagings;
             :class:`~dssync.schedules.Fragments`), for any schedule and with every option.
+        nonfinite: when a member's values are not finite (NaN or Inf) no value leaves it and
+            the group keeps its own values for that averaging; ``"raise"`` then raises
+            ``SyncError`` on every member (the rank at fault names the tensor), ``"skip"``
+            warns once and trains on (for runs whose loss scaling recovers on its own).
 
     Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
 
@@ -150,6 +154,7 @@ class DSSync(Strategy, Joinable):
         pairs: str = "exchange",
         wire: str = "fp32",
         fragments: int = 1,
+        nonfinite: str = "raise",
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
@@ -161,10 +166,12 @@ class DSSync(Strategy, Joinable):
             check_options(schedule, topology, replan, overlap, every, outer)
             codec_for(wire)
             Fragments(Shuffle(2), fragments)
+            if nonfinite not in ("raise", "skip"):
+                raise UsageError(f"nonfinite={nonfinite!r}: choose 'raise' or 'skip'")
         except UsageError as e:
             self._refusal = str(e)
             schedule, topology, replan, overlap, every, outer = None, None, 0, False, 1, None
-            wire, fragments = "fp32", 1
+            wire, fragments, nonfinite = "fp32", 1, "raise"
         if topology is not None:
             schedule = plan_topology_aware(topology, max_every=replan or 8)
         if schedule is None:
@@ -183,6 +190,7 @@ class DSSync(Strategy, Joinable):
         self._closed = False
         self.pairs = pairs
         self.wire = codec_for(wire).name
+        self.nonfinite = nonfinite
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.outer = None if outer is None else Outer(trainable, outer)
@@ -199,7 +207,9 @@ class DSSync(Strategy, Joinable):
             device=device,
             wire=self.wire,
             inband=not replan,  # re-planning times the transfer after the tags came apart
+            nonfinite=nonfinite,
         )
+        self.router.names = self._name_at
         if broadcast_init:
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
@@ -221,6 +231,7 @@ class DSSync(Strategy, Joinable):
                 self.router.groups,
                 wire=self.wire,
                 residuals=self.router.residuals,
+                nonfinite=nonfinite,
             )
             if overlap
             else None
@@ -247,6 +258,19 @@ class DSSync(Strategy, Joinable):
         self.schedule, self._planned = plan, plan.describe()
         self._prepare_cycle()
         return True
+
+    def _name_at(self, i: int, index: int) -> str:
+        """The tensor at element ``index`` of averaged buffer ``i`` (for error messages)."""
+        buffers = self._buckets.buffers
+        if i >= len(buffers):
+            return f"the optimizer's state (packed buffer {i - len(buffers)}, element {index})"
+        at = buffers[i].data_ptr() + index * buffers[i].element_size()
+        named = [*self.module.named_parameters(), *self.module.named_buffers()]
+        for name, t in named:
+            if t.data_ptr() <= at < t.data_ptr() + t.numel() * t.element_size():
+                flat = (at - t.data_ptr()) // t.element_size()
+                return f"{name} (element {flat} of shape {tuple(t.shape)}, bucket {i})"
+        return f"bucket {i}, element {index}"
 
     def _tensors(self) -> list[torch.Tensor]:
         tensors = [p for p in self.module.parameters() if p.requires_grad or self.average_frozen]

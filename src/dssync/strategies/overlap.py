@@ -44,7 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dssync.comm.lane import OVERLAP, Lane, Pending
+from dssync.comm.lane import Lane, Pending
+from dssync.comm.tags import OVERLAP
 from dssync.comm.wire import Residuals
 from dssync.errors import SyncError
 from dssync.schedules.base import WHOLE, Part
@@ -71,10 +72,17 @@ class Overlap:
         groups: Any,
         wire: str = "fp32",
         residuals: Residuals | None = None,
+        nonfinite: str = "raise",
     ) -> None:
         # The Router's made groups are lent: a strategy never averages on both at once.
         self.lane = Lane(
-            process_group, timeout_s, bucket_bytes, device=device, groups=groups, wire=wire
+            process_group,
+            timeout_s,
+            bucket_bytes,
+            device=device,
+            groups=groups,
+            wire=wire,
+            nonfinite=nonfinite,
         )
         if residuals is not None:  # one error memory with the blocking path: average_all
             self.lane.router.residuals = residuals  # returns what the lane's encodings lost
