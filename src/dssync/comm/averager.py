@@ -52,7 +52,7 @@ from dssync.comm.exchange import (
 )
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, AVERAGER, Tag, layout_of
-from dssync.comm.wire import Residuals, codec_for
+from dssync.comm.wire import Residuals, codec_for, ranged_codec
 from dssync.errors import UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part, part_slice
@@ -91,6 +91,7 @@ class Router:
         inband: bool = True,
     ) -> None:
         self.codec = codec_for(wire)
+        self.ranged_codec = ranged_codec(wire)
         self.residuals = Residuals()  # the error memory of a compressed wire
         if pairs not in PAIRS:
             raise UsageError(f"pairs={pairs!r}: choose one of {', '.join(PAIRS)}")
@@ -181,19 +182,26 @@ class Router:
         buffers: Sequence[torch.Tensor] = (),
         tensors: Sequence[torch.Tensor] = (),
         part: Part = WHOLE,
+        ranged: Sequence[torch.Tensor] = (),
     ) -> None:
         """Average ``buffers`` (flat, in place) and ``tensors`` (packed) with ``group`` (tagged).
 
         ``part`` = (index, parts) averages only that slice of every flat buffer (the schedule's
         :meth:`~dssync.schedules.Schedule.part`); the tag's layout carries the slice's sizes, so
-        members that disagree on the slice are caught as a step mismatch.
+        members that disagree on the slice are caught as a step mismatch. ``ranged`` tensors
+        (packed, after ``tensors``) hold values spanning many orders of magnitude, such as
+        Adam's second moment: a compressed wire sends them in a format that keeps their range
+        (:data:`~dssync.comm.wire.RANGED`: bf16 on an int8 wire), never int8.
         """
         group = list(group)
         self.arrived = None
         if len(group) < 2:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
+        flats_ranged = pack(ranged, self.bucket_bytes) if ranged else []
         every = list(buffers) + [f for f, _ in flats]
+        codecs = [self.codec] * len(every) + [self.ranged_codec] * len(flats_ranged)
+        every += [f for f, _ in flats_ranged]
         residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
         if residuals and kind == ALL:  # one exact average: what the encodings lost comes back
             for b, e in zip(every, residuals, strict=True):
@@ -206,7 +214,7 @@ class Router:
         tag = Tag(kind, step, layout_of(every, part))
         if residuals:
             self.arrived = encoded_average(
-                every, residuals, self.codec, self.parent, group, tag, self.timeout_s, self.roll
+                every, residuals, codecs, self.parent, group, tag, self.timeout_s, self.roll
             )
         elif len(group) == self.size:
             self.arrived = collective_average(
@@ -220,6 +228,7 @@ class Router:
             self.exchange.average(every, group, tag, self.timeout_s)
             self.arrived = self.exchange.arrived
         unpack(flats)
+        unpack(flats_ranged)
 
 
 class GroupAverager(ModelAverager):
