@@ -47,7 +47,7 @@ def _swapped_order(kind: str):
     return before, after
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", ["sgd", pytest.param("adamw", marks=pytest.mark.slow)])
 def test_state_is_averaged_by_parameter_name_not_position(kind):
     """Before: rank 0's momentum of a.weight became the mean with rank 1's of b.weight."""
     out = spawn(_swapped_order, 2, args=(kind,), timeout_s=120)
@@ -70,6 +70,7 @@ def _other_parameters():
     DSSync(m, schedule=Shuffle(2), optimizer=torch.optim.SGD(held, lr=0.1, momentum=0.9))
 
 
+@pytest.mark.slow
 def test_an_optimizer_over_other_parameters_is_refused_on_every_rank_naming_both():
     with pytest.raises(WorkerError) as info:
         spawn(_other_parameters, 2, timeout_s=120, collective_timeout_s=30)

@@ -48,8 +48,12 @@ def _odd(case: str):
     ("case", "words"),
     [
         ("dtype", "rank 0 has 4 tensors of 40 elements in float32, a.weight"),
-        ("order", "rank 1 has 4 tensors of 40 elements in float32, b.weight, b.bias, a.weight"),
-        ("seed", "rank 0 has Bipartite(seed=0)"),
+        pytest.param(
+            "order",
+            "rank 1 has 4 tensors of 40 elements in float32, b.weight, b.bias, a.weight",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param("seed", "rank 0 has Bipartite(seed=0)", marks=pytest.mark.slow),
     ],
 )
 def test_a_mismatch_is_the_same_usage_error_on_every_rank_within_the_timeout(case, words):
@@ -61,6 +65,7 @@ def test_a_mismatch_is_the_same_usage_error_on_every_rank_within_the_timeout(cas
     assert max(took0, took1) < TIMEOUT_S
 
 
+@pytest.mark.slow
 def test_no_group_outlives_timeout_s():
     """The wire group was made with a 3,600 s timeout, so a peer lost while making it hung."""
     (msg0, wire0), (msg1, wire1) = spawn(_odd, 2, args=("none",), timeout_s=120)
