@@ -16,8 +16,8 @@ rate schedule continues from it. RNG states are re-seeded from (step, rank).
 from __future__ import annotations
 
 import random
-import uuid
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
