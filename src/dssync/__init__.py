@@ -25,6 +25,7 @@ importable from here and needs only torch (the ``dssync`` command and the lab co
 from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
 from dssync.errors import DSSyncError, PeerLost, SyncError, UsageError
+from dssync.saving import load, save
 from dssync.schedules import (
     Butterfly,
     Global,
@@ -69,8 +70,10 @@ __all__ = [
     "UsageError",
     "consensus_distance",
     "detect",
+    "load",
     "mixing_matrix",
     "nesterov",
     "plan_topology_aware",
+    "save",
     "spectral_gap",
 ]
