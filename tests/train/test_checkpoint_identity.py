@@ -49,7 +49,7 @@ def _write(folder: str, steps: tuple[int, ...], lr: float = 0.1) -> str:
     saver = _saver(folder, lr)
     for step in steps:
         saver.save(RunState(step=step), None)
-    return saver.header["run"]
+    return saver.header.get("run")
 
 
 def _resume(folder: str, save_at: int | None = None):
@@ -60,7 +60,7 @@ def _resume(folder: str, save_at: int | None = None):
         return "refused", str(e)
     if save_at is not None:
         saver.save(RunState(step=save_at), None)
-    return found.run.step, saver.header["run"]
+    return found.run.step, saver.header.get("run")
 
 
 def _disk(folder: Path) -> dict[str, bytes]:

@@ -3,9 +3,14 @@
 A checkpoint fits a run when they share its identity (:func:`run_header`): workload, model layout,
 synchronization method, per-worker batch size and data size. The world size may differ: a run
 written by N workers resumes with M (see :mod:`dssync.train.state`). A checkpoint whose identity
-differs is refused with a one-line message that names the difference and the fix. Damaged files
-are skipped with a warning; the ranks then agree on the newest step at which every rank of the
-run that wrote it left an intact file.
+differs is refused with a one-line message that names the difference and the fix. A file must
+also be the one its name says and belong to this run: its header's rank and step are those of
+its name (:func:`check_own`: a file copied over another rank's, or renamed to another step, is
+refused as such), and every file of the step agreed on records the same run identity
+(:func:`check_one_run`; the identity is chosen at a run's first start and kept by every resume,
+:class:`dssync.train.state.Checkpointer`). Damaged files are skipped with a warning; the ranks
+then agree on the newest step at which every rank of the run that wrote it left an intact file.
+A refused resume writes nothing.
 
 Example (all ranks call it)::
 

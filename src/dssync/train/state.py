@@ -10,7 +10,14 @@ Elastic resume: a run written by N workers and resumed by M != N starts every ra
 of the N saved models (parameters and floating buffers; integer buffers from saved rank 0), the
 mean of their optimizer states (momentum and the like; the rest from saved rank 0) and the mean of
 their SWA averages. The step continues, the partition schedule is derived for M from it and the
-rate schedule continues from it. RNG states are re-seeded from (step, rank).
+rate schedule continues from it. RNG states are re-seeded from (step, rank). Steps per epoch
+change with the world size, so the saved step may fall inside an epoch of M workers: rank 0 then
+says how many samples of that epoch are skipped (the next epoch starts whole).
+
+Run identity: a :class:`Checkpointer` chooses one at construction (rank 0's, shared), a resume
+replaces it by the one its checkpoint records, and every file written carries it with its rank
+and step, so a file of another run or another rank is refused on load
+(:mod:`dssync.train.resume`).
 """
 
 from __future__ import annotations
