@@ -26,9 +26,14 @@ at once:
 * **Bytes.** Point-to-point on a gloo group made once at construction (receives from any
   source, which nccl cannot), staged through host memory on GPUs; the training group carries
   only the start-up broadcast and the final global average, on the parameters' device.
+* **Start-up.** Before a byte of parameter data moves, every rank agrees as DSSync's do
+  (:func:`~dssync.comm.agreement.check_start`): the model's names, shapes and dtypes in order,
+  the seed, ``average_buffers`` and the rest; a mismatch, or a model of mixed dtypes on one
+  rank, raises the same ``UsageError`` on every rank within ``timeout_s``.
 * **Waits.** An active's wait for its answer is bounded by ``timeout_s`` (PeerLost names the
   passive). The serving thread waits for requests up to ``max(timeout_s, IDLE_S)`` (a daemon, so
-  a failed run never waits for it). At the end each active tells every passive it is done; a
+  a failed run never waits for it; its group is made with ``timeout_s``, that one wait is
+  given the longer bound). At the end each active tells every passive it is done; a
   passive waits for all of them, naming the ones silent for ``timeout_s``.
 * **Checkpoints.** :meth:`state_dict` merges what the served copy gained first, so the saved
   model holds every average taken; a resumed run is correct but, being asynchronous, not
