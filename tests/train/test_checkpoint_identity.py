@@ -88,6 +88,7 @@ def test_the_run_identity_is_kept_across_resumes_and_new_for_a_new_run(tmp_path)
     assert other[0] != first[0]
 
 
+@pytest.mark.slow
 def test_rank_zeros_file_copied_over_rank_ones_is_refused(tmp_path):
     folder = tmp_path / "a"
     spawn(_write, 2, args=(str(folder), (10,)), timeout_s=120)
