@@ -32,13 +32,13 @@ model, opt, sync = make()
 train(model, opt, sync, 10)
 # [start:save]
 state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "sync": sync.state_dict()}
-torch.save(state, f"{folder}/rank{rank}.pt")  # one file per rank
+dssync.save(state, f"{folder}/rank{rank}.pt")  # one file per rank, with a checksum and its rank
 # [end:save]
 
 # A new run: construct first (DSSync starts every rank from rank 0's weights), then load.
 # [start:resume]
 model, opt, sync = make()
-state = torch.load(f"{folder}/rank{rank}.pt", weights_only=True)
+state = dssync.load(f"{folder}/rank{rank}.pt")  # refuses a damaged file or another rank's
 model.load_state_dict(state["model"])  # after DSSync(...), or rank 0's broadcast overwrites it
 opt.load_state_dict(state["optimizer"])
 sync.load_state_dict(state["sync"])  # the schedule's step: the same partitions follow

@@ -26,6 +26,7 @@ from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
 from dssync.comm.devices import local_device
 from dssync.errors import DSSyncError, PeerLost, SyncError, UsageError
+from dssync.saving import load, save
 from dssync.schedules import (
     Butterfly,
     Global,
@@ -70,9 +71,11 @@ __all__ = [
     "UsageError",
     "consensus_distance",
     "detect",
+    "load",
     "local_device",
     "mixing_matrix",
     "nesterov",
     "plan_topology_aware",
+    "save",
     "spectral_gap",
 ]

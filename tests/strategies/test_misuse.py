@@ -117,8 +117,8 @@ def _odd(setting: str):
         ),
         (
             "optimizer",
-            "optimizer (given or not, its type and parameter shapes): ranks [0] differ from rank 1 "
-            "(rank 1 has None, rank 0 has ('SGD', [[(4, 4), (4,)]])); "
+            "optimizer (given or not, its type and the parameters it holds): ranks [0] differ "
+            "from rank 1 (rank 1 has None, rank 0 has SGD over weight, bias); "
             "pass optimizer= on every rank or on none",
         ),
         ("average_buffers", "average_buffers: ranks [1] differ from rank 0"),

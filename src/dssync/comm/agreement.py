@@ -5,7 +5,8 @@ over the side group) compares what decides the number, size, dtype and order of 
 step moves: the sync method (blocking and overlapped DS-Sync make different groups and tags),
 how pairs average (``pairs=``: groups made per pair or none), the model (names, shapes,
 dtypes), the schedule, the bucket size, buffers on or off, the frozen set and whether it is
-averaged, and the optimizer (on or off, its type, the shapes of its parameter groups). A
+averaged, and the optimizer (on or off, its type, the module's parameters it holds by name:
+its state is averaged matched by name, so the optimizer may list them in another order). A
 mismatch raises :class:`~dssync.errors.UsageError` on every rank, before the first byte of
 parameter data moves, naming what rank 0 has, what the odd rank has, and the fix.
 
@@ -61,17 +62,29 @@ def _outer(sync: Any) -> str | None:
     return None if outer is None else outer.describe()
 
 
+def optimizer_layout(module: nn.Module, optimizer: Any) -> str:
+    """What every rank's optimizer must hold alike: its type and the module's parameters it
+    holds, by name in the module's order (DSSync averages their state matched by name, so the
+    optimizer's own order may differ), then the shapes of any parameters outside the module,
+    in the optimizer's order."""
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = {id(p) for p in held}
+    names = [n for n, p in module.named_parameters() if id(p) in ids]
+    inside = {id(p) for p in module.parameters()}
+    outside = [tuple(p.shape) for p in held if id(p) not in inside]
+    text = f"{type(optimizer).__name__} over {', '.join(names) or 'no module parameters'}"
+    if outside:
+        text += f" and {len(outside)} outside the module of shapes {outside}"
+    return text  # a long one is shown with its fingerprint (consensus._show, dssync.hashing)
+
+
 def check_start(sync: Any) -> None:
     """Every rank of ``sync.process_group`` agrees on what shapes the collectives (collective)."""
     module = sync.module
     named = list(module.named_parameters()) + list(module.named_buffers())
     frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
-    opt = sync.optimizer
-    opt_layout = (
-        None
-        if opt is None
-        else (type(opt).__name__, [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups])
-    )
+    opt = getattr(sync, "optimizer", None)
+    opt_layout = None if opt is None else optimizer_layout(module, opt)
     refusal, timeout_s = getattr(sync, "_refusal", None), sync.timeout_s
     if not timeout_s or timeout_s <= 0:
         refusal = (
@@ -83,22 +96,24 @@ def check_start(sync: Any) -> None:
     except (UsageError, ValueError) as e:
         schedule, refusal = sync.schedule.describe(), refusal or str(e)
     numel = sum(t.numel() for _, t in named)
+    dtypes = " and ".join(sorted({str(t.dtype).removeprefix("torch.") for _, t in named}))
     values = {
         "sync method": _show(sync.name),
         "pairs (exchange or all_reduce)": _show(getattr(sync, "pairs", "exchange")),
         "wire format": _show(getattr(sync, "wire", "fp32")),
         "nonfinite": _show(getattr(sync, "nonfinite", "raise")),
         "model (parameter and buffer names, shapes, dtypes)": (
-            f"{len(named)} tensors of {numel} elements #{module_fingerprint(named):x}"
+            f"{len(named)} tensors of {numel} elements in {dtypes}, "
+            f"{', '.join(n for n, _ in named)} #{module_fingerprint(named):x}"
         ),
         "schedule": schedule,
-        "bucket_bytes": _show(sync.bucket_bytes),
+        "bucket_bytes": _show(getattr(sync, "bucket_bytes", None)),
         "average_buffers": _show(sync.average_buffers),
         "broadcast_init": _show(getattr(sync, "broadcast_init", True)),
         "frozen parameters (requires_grad=False) and average_frozen": _show(
-            (frozen, sync.average_frozen)
+            (frozen, getattr(sync, "average_frozen", False))
         ),
-        "optimizer (given or not, its type and parameter shapes)": _show(opt_layout),
+        "optimizer (given or not, its type and the parameters it holds)": _show(opt_layout),
         "every (optimizer steps per averaging)": _show(getattr(sync, "every", 1)),
         "overlap": _show(getattr(sync, "overlap", False)),
         "replan (averagings between re-plans)": _show(getattr(sync, "replan", 0)),
@@ -115,7 +130,7 @@ def check_start(sync: Any) -> None:
         "average_buffers": "pass the same average_buffers on every rank",
         "broadcast_init": "pass the same broadcast_init on every rank",
         "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
-        "optimizer (given or not, its type and parameter shapes)": "pass optimizer= on every rank or on none, built alike",
+        "optimizer (given or not, its type and the parameters it holds)": "pass optimizer= on every rank or on none, built over the same parameters (their order may differ: state is matched by name)",
         "every (optimizer steps per averaging)": "pass the same every= (--every) on every rank",
         "overlap": "pass the same overlap= (--overlap) on every rank",
         "replan (averagings between re-plans)": "pass the same replan= (--replan) on every rank",

@@ -72,7 +72,7 @@ from dssync.comm.tags import (
     layout_of,
     reads_free,
 )
-from dssync.comm.wire import Residuals, codec_for
+from dssync.comm.wire import Residuals, codec_for, ranged_codec
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part, part_slice
@@ -123,6 +123,7 @@ class Router:
         self.names = None
         self._unread: tuple[Verdict, list[torch.Tensor]] | None = None
         self.codec = codec_for(wire)
+        self.ranged_codec = ranged_codec(wire)
         self.residuals = Residuals()  # the error memory of a compressed wire
         if pairs not in PAIRS:
             raise UsageError(f"pairs={pairs!r}: choose one of {', '.join(PAIRS)}")
@@ -222,12 +223,16 @@ class Router:
         buffers: Sequence[torch.Tensor] = (),
         tensors: Sequence[torch.Tensor] = (),
         part: Part = WHOLE,
+        ranged: Sequence[torch.Tensor] = (),
     ) -> None:
         """Average ``buffers`` (flat, in place) and ``tensors`` (packed) with ``group`` (tagged).
 
         ``part`` = (index, parts) averages only that slice of every flat buffer (the schedule's
         :meth:`~dssync.schedules.Schedule.part`); the tag's layout carries the slice's sizes, so
-        members that disagree on the slice are caught as a step mismatch.
+        members that disagree on the slice are caught as a step mismatch. ``ranged`` tensors
+        (packed, after ``tensors``) hold values spanning many orders of magnitude, such as
+        Adam's second moment: a compressed wire sends them in a format that keeps their range
+        (:data:`~dssync.comm.wire.RANGED`: bf16 on an int8 wire), never int8.
         """
         group = list(group)
         self.arrived = None
@@ -235,7 +240,10 @@ class Router:
         if len(group) < 2:
             return
         flats = pack(tensors, self.bucket_bytes) if tensors else []
+        flats_ranged = pack(ranged, self.bucket_bytes) if ranged else []
         whole = list(buffers) + [f for f, _ in flats]
+        codecs = [self.codec] * len(whole) + [self.ranged_codec] * len(flats_ranged)
+        whole += [f for f, _ in flats_ranged]
         every = whole
         residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
         device = every[0].device if every else torch.device("cpu")
@@ -259,7 +267,7 @@ class Router:
             self.arrived, verdict = encoded_average(
                 every,
                 residuals,
-                self.codec,
+                codecs,
                 self.parent,
                 group,
                 tag,
@@ -286,6 +294,7 @@ class Router:
             self._refuse(verdict, whole)
             return  # skipped: packed tensors keep their own values
         unpack(flats)
+        unpack(flats_ranged)
 
     def settle(self) -> None:
         """Read the verdict of the last averaging if it was left on the device, and raise what

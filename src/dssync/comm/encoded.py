@@ -68,7 +68,7 @@ WINDOW = DEFAULT_WINDOW
 def encoded_average(
     buffers: Sequence[torch.Tensor],
     residuals: Sequence[torch.Tensor],
-    codec: Codec,
+    codec: Codec | Sequence[Codec],
     process_group: dist.ProcessGroup,
     group: list[int],
     tag: Tag,
@@ -77,16 +77,18 @@ def encoded_average(
     finite: torch.Tensor | None = None,
 ) -> tuple[float, Verdict]:
     """Average ``buffers`` (flat, in place) over ``group`` (ranks of ``process_group``), each
-    sent as ``codec`` encodes it with its residual. Returns when every member's tag had come
-    (``time.perf_counter``), as :attr:`~dssync.comm.exchange.Exchange.arrived`, and the
+    sent as ``codec`` encodes it with its residual (one codec, or one per buffer: optimizer
+    state whose range int8 cannot keep travels in another). Returns when every member's tag
+    had come (``time.perf_counter``), as :attr:`~dssync.comm.exchange.Exchange.arrived`, and the
     :class:`~dssync.comm.tags.Verdict` (``finite``: this rank's flag for its tag)."""
     deadline = time.monotonic() + timeout_s
     rank = dist.get_rank(process_group)
+    codecs = [codec] * len(buffers) if isinstance(codec, Codec) else list(codec)
     if len(group) > 2:
         return _two_stage(
-            buffers, residuals, codec, process_group, group, rank, tag, deadline, roll, finite
+            buffers, residuals, codecs, process_group, group, rank, tag, deadline, roll, finite
         )
-    return _pair(buffers, residuals, codec, process_group, group, rank, tag, deadline, finite)
+    return _pair(buffers, residuals, codecs, process_group, group, rank, tag, deadline, finite)
 
 
 def _pieces(buffers: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -98,7 +100,7 @@ def _pieces(buffers: Sequence[torch.Tensor]) -> list[tuple[int, int, int]]:
     ]
 
 
-def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline, finite=None):
+def _pair(buffers, residuals, codecs, pg, group, rank, tag, deadline, finite=None):
     """Two ranks: each piece encoded, swapped and averaged in turn (module docstring).
 
     At most :data:`WINDOW` pieces are in flight: piece c+WINDOW is encoded and posted when piece
@@ -116,8 +118,8 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline, finite=None
     def post(c: int) -> tuple:
         i, lo, hi = pieces[c]
         b = buffers[i]
-        msg, mine = encode_with_feedback(codec, b[lo:hi], residuals[i][lo:hi])
-        into = codec.empty(hi - lo, b)
+        msg, mine = encode_with_feedback(codecs[i], b[lo:hi], residuals[i][lo:hi])
+        into = codecs[i].empty(hi - lo, b)
         ops = [
             op for out, theirs in zip(msg, into, strict=True) for op in swap_ops(theirs, out, g, pg)
         ]
@@ -143,7 +145,7 @@ def _pair(buffers, residuals, codec, pg, group, rank, tag, deadline, finite=None
             ahead.append(post(c + WINDOW))
         ahead[c] = None  # its buffers go as soon as they are used
         b = buffers[i]
-        theirs = codec.decode(into, hi - lo, b.dtype)
+        theirs = codecs[i].decode(into, hi - lo, b.dtype)
         # decoded copies only: the piece, encoded already, is free to take the mean
         mean_in_order([mine, theirs] if rank == group[0] else [theirs, mine], out=b[lo:hi])
     return arrived, verdict
@@ -171,20 +173,20 @@ def _post(ops: list[dist.P2POp]) -> list:
     return dist.batch_isend_irecv(ops)
 
 
-def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll, finite=None):
+def _two_stage(buffers, residuals, codecs, pg, group, rank, tag, deadline, roll, finite=None):
     """A group of three or more: shares to their owners, owners' means back (module docstring)."""
     k, me = len(group), group.index(rank)
     peers = [r for r in group if r != rank]
     device = buffers[0].device if buffers else torch.device("cpu")
     cuts = [shares(b.numel(), k) for b in buffers]
     sent, mine = [], []  # sent[i][j]: buffer i's share j as it travels; mine[i]: my share decoded
-    for b, e, cut in zip(buffers, residuals, cuts, strict=True):
+    for b, e, cut, codec in zip(buffers, residuals, cuts, codecs, strict=True):
         msgs = [encode_with_feedback(codec, b[lo:hi], e[lo:hi]) for lo, hi in cut]
         sent.append([msg for msg, _ in msgs])
         mine.append(msgs[me][1])
     size = [[hi - lo for lo, hi in cut] for cut in cuts]  # size[i][j]: buffer i's share j
     sent_tag, tags, heads = _tag_ops(tag, peers, pg, device, finite)
-    got = {p: [codec.empty(size[i][me], b) for i, b in enumerate(buffers)] for p in peers}
+    got = {p: [codecs[i].empty(size[i][me], b) for i, b in enumerate(buffers)] for p in peers}
     ops = []
     for p in peers:
         j = group.index(p)
@@ -205,7 +207,7 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll, 
     means = []  # my share's mean of each buffer, as it travels back
     for i, (b, e) in enumerate(zip(buffers, residuals, strict=True)):
         lo, hi = cuts[i][me]
-        own = b[lo:hi]
+        own, codec = b[lo:hi], codecs[i]
         values = [
             mine[i] if r == rank else codec.decode(got[r][i], hi - lo, b.dtype) for r in group
         ]
@@ -215,7 +217,8 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll, 
         own.copy_(back)
         means.append(msg)
     back_in = {
-        p: [codec.empty(size[i][group.index(p)], b) for i, b in enumerate(buffers)] for p in peers
+        p: [codecs[i].empty(size[i][group.index(p)], b) for i, b in enumerate(buffers)]
+        for p in peers
     }
     ops = []
     for p in peers:
@@ -228,5 +231,5 @@ def _two_stage(buffers, residuals, codec, pg, group, rank, tag, deadline, roll, 
         j = group.index(p)
         for i, b in enumerate(buffers):
             lo, hi = cuts[i][j]
-            b[lo:hi].copy_(codec.decode(back_in[p][i], hi - lo, b.dtype))
+            b[lo:hi].copy_(codecs[i].decode(back_in[p][i], hi - lo, b.dtype))
     return arrived, verdict

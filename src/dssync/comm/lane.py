@@ -149,9 +149,11 @@ class Lane:
         step: int,
         buffers: Sequence[torch.Tensor],
         part: Part = WHOLE,
+        ranged: int = 0,
     ) -> Pending:
         """Start the average of ``buffers`` (flat, left untouched) with ``group``; with ``part``,
-        of that slice only (the rest of the means are the buffers as given)."""
+        of that slice only (the rest of the means are the buffers as given). The last ``ranged``
+        buffers keep their range on a compressed wire (``Router.average``'s ``ranged=``)."""
         group = list(group)
         buffers = list(buffers)
         tag = Tag(kind, step, layout_of(buffers))
@@ -164,7 +166,7 @@ class Lane:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(buffers[0].device))
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((future, group, kind, step, buffers, ready, part))
+        self._jobs.put((future, group, kind, step, buffers, ready, part, ranged))
         return Pending(tag, group, self.timeout_s, future=future)
 
     def _serve(self) -> None:
@@ -181,20 +183,25 @@ class Lane:
                 future.set_exception(e)
 
     @torch.no_grad()
-    def _run(self, group, kind, step, buffers, ready, part):
+    def _run(self, group, kind, step, buffers, ready, part, ranged=0):
         if self._stream is None:
             means = [b.clone() for b in buffers]
-            self.router.average(group, kind, step, buffers=means, part=part)
+            self._average(group, kind, step, means, part, ranged)
             return means, None
         with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             self._stream.wait_event(ready)  # the caller's writes of the snapshot come first
             for b in buffers:
                 b.record_stream(self._stream)  # made on the caller's stream, read on this one
             means = [b.clone() for b in buffers]
-            self.router.average(group, kind, step, buffers=means, part=part)
+            self._average(group, kind, step, means, part, ranged)
             done = torch.cuda.Event()
             done.record(self._stream)
         return means, done
+
+    def _average(self, group, kind, step, means, part, ranged):
+        cut = len(means) - ranged
+        kept = means[cut:]
+        self.router.average(group, kind, step, buffers=means[:cut], part=part, ranged=kept)
 
     def close(self) -> None:
         """Stop the worker once the average it runs, if any, has finished (bounded)."""

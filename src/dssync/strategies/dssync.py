@@ -42,6 +42,21 @@ from dssync.strategies.overlap import Overlap
 from dssync.strategies.replan import Replanner, plan_again
 from dssync.topology import Topology
 
+# Optimizer state that is a signed running mean of gradients: a compressed wire sends it as it
+# sends the parameters. Any other floating state (Adam's second moment, Adagrad's sum, RMSprop's
+# square average) spans many orders of magnitude and keeps its range (bf16 on an int8 wire).
+FIRST_MOMENTS = ("momentum_buffer", "exp_avg")
+
+
+def optimizer_params(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
+    """The optimizer's parameters in the module's order (matched by name, not by the
+    optimizer's order), then any it holds that are not the module's, in the optimizer's order."""
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = {id(p) for p in held}
+    named = [p for p in module.parameters() if id(p) in ids]
+    inside = {id(p) for p in named}
+    return named + [p for p in held if id(p) not in inside]
+
 
 class DSSync(Strategy, Joinable):
     """Divide-and-shuffle synchronization of a module's parameters, with options that compose.
@@ -336,7 +351,8 @@ class DSSync(Strategy, Joinable):
                 if self.outer is not None:
                     self.outer.send()
                 if len(group) > 1:
-                    self._overlap.start(group, t, self._snapshot(), part)
+                    snapshot, ranged = self._snapshot()
+                    self._overlap.start(group, t, snapshot, part, ranged=ranged)
             else:
                 if len(group) > 1:
                     self._average_group(group, part)
@@ -363,7 +379,11 @@ class DSSync(Strategy, Joinable):
         late = self.outer is not None and self.outer.sent is not None
         if late:
             self.outer.progress()
-        state = plan_buckets(self._optimizer_state(), self.bucket_bytes)
+        moments, ranged = self._optimizer_state()
+        state = [
+            *plan_buckets(moments, self.bucket_bytes),
+            *plan_buckets(ranged, self.bucket_bytes),
+        ]
         self._overlap.finish([*self._fresh_buckets().buffers, *state], self.averagings)
         if late:
             self.outer.apply_late()
@@ -401,35 +421,47 @@ class DSSync(Strategy, Joinable):
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         return self._buckets
 
-    def _snapshot(self) -> list[torch.Tensor]:
-        """Copies of the buckets and the packed optimizer state, for an overlapped average."""
+    def _snapshot(self) -> tuple[list[torch.Tensor], int]:
+        """Copies of the buckets and the packed optimizer state, for an overlapped average, and
+        how many of them at the end hold state that keeps its range on the wire."""
+        moments, ranged = self._optimizer_state()
         snapshot = [b.clone() for b in self._fresh_buckets().buffers]
-        return snapshot + [flat for flat, _ in pack(self._optimizer_state(), self.bucket_bytes)]
+        snapshot += [flat for flat, _ in pack(moments, self.bucket_bytes)]
+        kept = [flat for flat, _ in pack(ranged, self.bucket_bytes)]
+        return snapshot + kept, len(kept)
 
     def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
         """Average buckets and optimizer state (``part`` of them) with ``group``."""
         if size < 2:
             return
+        moments, ranged = self._optimizer_state()
         self.router.average(
             group,
             kind,
             self.averagings,
             buffers=self._fresh_buckets().buffers,
-            tensors=self._optimizer_state(),
+            tensors=moments,
             part=part,
+            ranged=ranged,
         )
 
-    def _optimizer_state(self) -> list[torch.Tensor]:
+    def _optimizer_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The optimizer's floating state to average, matched by parameter name: walked in the
+        module's parameter order (the same on every rank, whatever order the optimizer holds
+        them in), then any parameters outside the module in the optimizer's order. Returns the
+        first moments (:data:`FIRST_MOMENTS`, sent as the parameters are) and the rest, which
+        keeps its range on a compressed wire (Adam's second moment; ``Router.average``'s
+        ``ranged=``)."""
         if self.optimizer is None:
-            return []
-        state = self.optimizer.state  # walked in parameter order, the same on every rank
-        return [
-            t
-            for g in self.optimizer.param_groups
-            for p in g["params"]
-            for _, t in sorted(state.get(p, {}).items())
-            if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0
-        ]
+            return [], []
+        moments: list[torch.Tensor] = []
+        ranged: list[torch.Tensor] = []
+        state = self.optimizer.state
+        for p in optimizer_params(self.module, self.optimizer):
+            for key, t in sorted(state.get(p, {}).items()):
+                if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0:
+                    (moments if key in FIRST_MOMENTS else ranged).append(t)
+        return moments, ranged
 
     # torch Join: a rank out of data keeps taking its part in its groups until every rank is done.
     def join_hook(self, **kwargs: Any) -> JoinHook:

@@ -95,10 +95,17 @@ class Overlap:
         return self._pending is not None or self._ready is not None
 
     def start(
-        self, group: list[int], step: int, snapshot: list[torch.Tensor], part: Part = WHOLE
+        self,
+        group: list[int],
+        step: int,
+        snapshot: list[torch.Tensor],
+        part: Part = WHOLE,
+        ranged: int = 0,
     ) -> None:
-        """Start averaging ``snapshot`` (copies the caller keeps) with ``group``; returns at once."""
-        self._pending = (self.lane.start(group, OVERLAP, step, snapshot, part), snapshot)
+        """Start averaging ``snapshot`` (copies the caller keeps) with ``group``; returns at once.
+        Its last ``ranged`` buffers keep their range on the wire (:meth:`Lane.start`)."""
+        pending = self.lane.start(group, OVERLAP, step, snapshot, part, ranged=ranged)
+        self._pending = (pending, snapshot)
 
     def arrive(self) -> None:
         """Wait for the average in flight, if any, without merging it."""

@@ -26,9 +26,14 @@ at once:
 * **Bytes.** Point-to-point on a gloo group made once at construction (receives from any
   source, which nccl cannot), staged through host memory on GPUs; the training group carries
   only the start-up broadcast and the final global average, on the parameters' device.
+* **Start-up.** Before a byte of parameter data moves, every rank agrees as DSSync's do
+  (:func:`~dssync.comm.agreement.check_start`): the model's names, shapes and dtypes in order,
+  the seed, ``average_buffers`` and the rest; a mismatch, or a model of mixed dtypes on one
+  rank, raises the same ``UsageError`` on every rank within ``timeout_s``.
 * **Waits.** An active's wait for its answer is bounded by ``timeout_s`` (PeerLost names the
   passive). The serving thread waits for requests up to ``max(timeout_s, IDLE_S)`` (a daemon, so
-  a failed run never waits for it). At the end each active tells every passive it is done; a
+  a failed run never waits for it; its group is made with ``timeout_s``, that one wait is
+  given the longer bound). At the end each active tells every passive it is done; a
   passive waits for all of them, naming the ones silent for ``timeout_s``.
 * **Checkpoints.** :meth:`state_dict` merges what the served copy gained first, so the saved
   model holds every average taken; a resumed run is correct but, being asynchronous, not
@@ -48,17 +53,19 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
 from dssync.comm.wait import WaitFailed, wait_for
-from dssync.errors import PeerLost, SyncError, UsageError
+from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
 from dssync.strategies.base import Strategy, SyncTimer
@@ -96,13 +103,14 @@ class AsyncDSSync(Strategy):
         timeout_s: float = 120.0,
     ) -> None:
         super().__init__(module, process_group)
-        if timeout_s <= 0:
-            raise UsageError(f"timeout_s={timeout_s} must be positive")
+        check_module(module)
         self.timeout_s = timeout_s
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         self.ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
         self.schedule = Bipartite(seed)
+        self.average_buffers = average_buffers
+        self.average_frozen = True  # every parameter is averaged, frozen or not
         self.active = self.rank % 2 == 0
         self.steps = 0
         self._settled = False  # True from settle() until the next step
@@ -110,11 +118,18 @@ class AsyncDSSync(Strategy):
         if average_buffers:
             tensors += [b for b in module.buffers() if b.is_floating_point()]
         self.tensors = [t for t in tensors if t.numel()]
-        if any(t.dtype != self.tensors[0].dtype for t in self.tensors):
-            raise UsageError(
-                "AsyncDSSync averages one flat buffer of one dtype; cast the model to one "
-                "floating dtype (e.g. model.float()) or use DSSync"
+        self._refusal: str | None = None  # told to every rank by the start-up agreement
+        dtypes = sorted({str(t.dtype) for t in self.tensors})
+        if len(dtypes) != 1:
+            self._refusal = (
+                f"AsyncDSSync averages one flat buffer of one dtype, the model has "
+                f"{' and '.join(dtypes) or 'no tensors'}; cast the model to one floating dtype "
+                "(e.g. model.float()) or use DSSync"
             )
+        # Every rank agrees on the model (names, shapes, dtypes), the seed and the settings
+        # before a byte of parameter data moves: a mismatch raises the same UsageError on every
+        # rank within timeout_s (not an abort in the broadcast, or a pairing that hangs).
+        check_start(self)
         with torch.no_grad():
             broadcast_tensors(tensors, 0, process_group, timeout_s)
         numel = sum(t.numel() for t in self.tensors)
@@ -124,7 +139,9 @@ class AsyncDSSync(Strategy):
         self._theirs = torch.empty(numel, dtype=dtype, pin_memory=pin)
         shapes = [(tuple(t.shape), str(t.dtype)) for t in self.tensors]
         self.layout = fingerprint(f"async {seed} {shapes}")
-        self.wire = wire_group(self.ranks, max(timeout_s, IDLE_S))
+        # made with timeout_s: a peer that never comes fails it within timeout_s; the serving
+        # thread's wait for the next request is the one wait allowed IDLE_S (_Server._serve)
+        self.wire = wire_group(self.ranks, timeout_s)
         self.server = None if self.active else _Server(self)
 
     def current_group(self) -> list[int]:
@@ -314,8 +331,10 @@ class _Server:
         answer = torch.empty_like(self.served)
         try:
             while len(self.done) < self.actives:
-                src = dist.recv(head, src=None, group=sync.wire, tag=HEAD)
-                active = sync.ranks.index(src)
+                asked = dist.irecv(head, src=None, group=sync.wire, tag=HEAD)
+                asked.wait(timeout=timedelta(seconds=max(sync.timeout_s, IDLE_S)))
+                active = asked._source_rank()  # a rank of the wire group: the sync's rank
+                src = sync.ranks[active]
                 self.heard = time.monotonic()
                 if head[0].item() == DONE:
                     self.done.add(active)

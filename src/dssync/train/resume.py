@@ -3,9 +3,14 @@
 A checkpoint fits a run when they share its identity (:func:`run_header`): workload, model layout,
 synchronization method, per-worker batch size and data size. The world size may differ: a run
 written by N workers resumes with M (see :mod:`dssync.train.state`). A checkpoint whose identity
-differs is refused with a one-line message that names the difference and the fix. Damaged files
-are skipped with a warning; the ranks then agree on the newest step at which every rank of the
-run that wrote it left an intact file.
+differs is refused with a one-line message that names the difference and the fix. A file must
+also be the one its name says and belong to this run: its header's rank and step are those of
+its name (:func:`check_own`: a file copied over another rank's, or renamed to another step, is
+refused as such), and every file of the step agreed on records the same run identity
+(:func:`check_one_run`; the identity is chosen at a run's first start and kept by every resume,
+:class:`dssync.train.state.Checkpointer`). Damaged files are skipped with a warning; the ranks
+then agree on the newest step at which every rank of the run that wrote it left an intact file.
+A refused resume writes nothing.
 
 Example (all ranks call it)::
 
@@ -81,6 +86,46 @@ def check_fits(path: Path, found: dict[str, Any], expected: dict[str, Any]) -> N
             )
 
 
+def check_own(path: Path, header: dict[str, Any]) -> None:
+    """Raise CheckpointError when the file at ``path`` is not the one its name says: a file
+    renamed to another step, or copied over another rank's (the header holds what was written)."""
+    parts = name_parts(path)
+    if parts is None or "rank" not in header or "step" not in header:
+        return
+    rank, step = parts
+    if header["step"] != step:
+        raise CheckpointError(
+            f"checkpoint {path} was renamed: its name says step {step}, it holds rank "
+            f"{header['rank']}'s state of step {header['step']}; give it back its own name "
+            f"({checkpoint_path(path.parent, header['rank'], header['step']).name}) or move it "
+            "out of the folder, or use a new --checkpoint-dir"
+        )
+    if header["rank"] != rank:
+        raise CheckpointError(
+            f"checkpoint {path} holds rank {header['rank']}'s state, not rank {rank}'s (a file "
+            f"copied or renamed over another rank's); put rank {rank}'s own file of step {step} "
+            "back, or move this step's files out of the folder to resume from an older step, or "
+            "use a new --checkpoint-dir"
+        )
+
+
+def check_one_run(step: int, runs: dict[Path, str | None]) -> None:
+    """Raise CheckpointError when the files of ``step`` (path: the run identity in its header)
+    were written by different runs, naming the odd files and both identities."""
+    ids = list(runs.values())
+    if len(set(ids)) < 2:
+        return
+    common = max(ids, key=lambda v: (ids.count(v), -ids.index(v)))
+    odd = [p for p, v in runs.items() if v != common]
+    shown = ", ".join(f"{p} (run {runs[p]})" for p in odd[:3])
+    raise CheckpointError(
+        f"checkpoint {shown} belongs to another run than the other files of step {step} (run "
+        f"{common}): a file taken from another run's folder; put this run's own file back, or "
+        "move this step's files out of the folder to resume from an older step, or use a new "
+        "--checkpoint-dir"
+    )
+
+
 def preflight(folder: str | Path, expected: dict[str, Any]) -> None:
     """Cheap check before any worker starts: the newest intact rank-0 file fits this run.
 
@@ -110,6 +155,7 @@ def newest_complete(folder: str | Path, expected: dict[str, Any]) -> tuple[int, 
     for step in sorted(by_step, reverse=True):
         world = None
         intact = set()
+        runs: dict[Path, str | None] = {}
         for rank, path in sorted(by_step[step].items()):
             try:
                 header = read_header(path)
@@ -117,9 +163,12 @@ def newest_complete(folder: str | Path, expected: dict[str, Any]) -> tuple[int, 
                 damaged.append(str(e))
                 continue
             check_fits(path, header, expected)
+            check_own(path, header)
+            runs[path] = header.get("run")
             world = header["world_size"]
             intact.add(rank)
         if world is not None and intact == set(range(world)):
+            check_one_run(step, runs)
             for d in damaged:
                 print(f"warning: {d}", file=sys.stderr, flush=True)
             return step, world
@@ -136,13 +185,14 @@ def newest_complete(folder: str | Path, expected: dict[str, Any]) -> tuple[int, 
 
 def own_steps(
     folder: str | Path, rank: int, expected: dict[str, Any]
-) -> tuple[dict[int, int], list[str]]:
+) -> tuple[dict[int, int], list[str], dict[int, str | None]]:
     """({step: world size that wrote it} for this rank's own intact files that fit this run,
-    the messages naming its damaged files).
+    the messages naming its damaged files, {step: the run identity its file records}).
 
-    Damaged files are also named on stderr and skipped; a file of another kind of run raises.
+    Damaged files are also named on stderr and skipped; a file of another kind of run, or one
+    renamed or copied over another rank's (:func:`check_own`), raises.
     """
-    found, damaged = {}, []
+    found, damaged, runs = {}, [], {}
     for step, path in sorted(rank_checkpoints(folder, rank).items(), reverse=True):
         try:
             header = read_header(path)
@@ -151,8 +201,10 @@ def own_steps(
             damaged.append(str(e))
             continue
         check_fits(path, header, expected)
+        check_own(path, header)
         found[step] = header["world_size"]
-    return found, damaged
+        runs[step] = header.get("run")
+    return found, damaged, runs
 
 
 def agree_on_step(
@@ -171,8 +223,8 @@ def agree_on_step(
     except CheckpointError as e:
         mine = str(e)
     gathered = _gather(mine)
-    views = [v for v, _ in gathered]
-    damaged = [d for _, ds in gathered for d in ds]
+    views = [v for v, _, _ in gathered]
+    damaged = [d for _, ds, _ in gathered for d in ds]
     same = [s for s, w in views[0].items() if w == world and all(v.get(s) == w for v in views)]
     elastic = [s for v in views for s, w in v.items() if w != world]
     if elastic and max(elastic) > max(same, default=-1):
@@ -191,7 +243,10 @@ def agree_on_step(
             )
         return None if views[0] is None else tuple(views[0])
     if same:
-        return max(same), world
+        step = max(same)
+        paths = saved_files(folder, step, world)
+        check_one_run(step, {paths[r]: runs.get(step) for r, (_, _, runs) in enumerate(gathered)})
+        return step, world
     if not any(v for v in views) and not damaged:
         return None  # decided from what every rank saw, so all ranks decide alike
     if damaged:

@@ -10,24 +10,35 @@ Elastic resume: a run written by N workers and resumed by M != N starts every ra
 of the N saved models (parameters and floating buffers; integer buffers from saved rank 0), the
 mean of their optimizer states (momentum and the like; the rest from saved rank 0) and the mean of
 their SWA averages. The step continues, the partition schedule is derived for M from it and the
-rate schedule continues from it. RNG states are re-seeded from (step, rank).
+rate schedule continues from it. RNG states are re-seeded from (step, rank). Steps per epoch
+change with the world size, so the saved step may fall inside an epoch of M workers: rank 0 then
+says how many samples of that epoch are skipped (the next epoch starts whole).
+
+Run identity: a :class:`Checkpointer` chooses one at construction (rank 0's, shared), a resume
+replaces it by the one its checkpoint records, and every file written carries it with its rank
+and step, so a file of another run or another rank is refused on load
+(:mod:`dssync.train.resume`).
 """
 
 from __future__ import annotations
 
 import random
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from dssync.comm.meta import from_first
+from dssync.comm.side import side_group
 from dssync.errors import SyncError
 from dssync.strategies import Strategy
 from dssync.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from dssync.train.resume import agree_on_step, check_fits, saved_files
+from dssync.train.resume import agree_on_step, check_fits, check_own, saved_files
 from dssync.train.swa import WeightAverage
 
 
@@ -80,7 +91,10 @@ class Checkpointer:
     ) -> None:
         self.folder = Path(folder)
         self.rank, self.world = rank, world
-        self.header = header
+        # The run identity: chosen at the first start, kept by every resume (:meth:`resume`),
+        # written in every file and checked on load (a file of another run is refused).
+        timeout_s = getattr(strategy, "timeout_s", DEFAULT_TIMEOUT_S)
+        self.header = {**header, "run": new_run_id(timeout_s)}
         self.strategy = strategy
         self.optimizer = optimizer
 
@@ -109,22 +123,45 @@ class Checkpointer:
         step, saved_world = found
         paths = saved_files(self.folder, step, saved_world)
         if saved_world == self.world:
-            state = self._read(paths[self.rank])
+            header, state = self._read(paths[self.rank])
         else:
-            state = _merge([self._read(p) for p in paths], base=self.rank % saved_world)
+            read = [self._read(p) for p in paths]
+            header = read[0][0]
+            state = _merge([st for _, st in read], base=self.rank % saved_world)
             state["rng"] = None
         resumed = self._restore(paths[self.rank % saved_world], state, step)
+        if header.get("run") is not None:  # the run goes on under its own identity
+            self.header["run"] = header["run"]
         if self.rank == 0:
             how = (
                 "" if saved_world == self.world else f", written by {saved_world} workers, averaged"
             )
             print(f"resuming from step {step} ({self.folder}{how})", file=sys.stderr, flush=True)
+            if saved_world != self.world and (line := self._skipped(step, saved_world)):
+                print(line, file=sys.stderr, flush=True)
         return resumed
 
-    def _read(self, path: Path) -> dict[str, Any]:
+    def _skipped(self, step: int, saved_world: int) -> str | None:
+        """On another world size the step continues, so it may fall inside an epoch of this
+        world's: the samples of that epoch before it are not visited, said aloud."""
+        per_epoch, batch = self.header.get("steps_per_epoch"), self.header.get("batch_size")
+        if not per_epoch or not batch:
+            return None
+        epoch, into = divmod(step, per_epoch)
+        if not into:
+            return None
+        return (
+            f"note: step {step}, written by {saved_world} workers, is batch {into} of "
+            f"{per_epoch} of epoch {epoch} on {self.world} workers: this epoch skips its first "
+            f"{into * self.world * batch} samples ({into} batches of {batch} on each worker) and "
+            "the next epoch starts whole"
+        )
+
+    def _read(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         header, state = read_checkpoint(path)
         check_fits(path, header, self.header)
-        return state
+        check_own(path, header)
+        return header, state
 
     def _restore(self, path: Path, state: dict[str, Any], step: int) -> Resumed:
         swa = None
@@ -150,6 +187,17 @@ class Checkpointer:
         run = RunState(**state["run"])
         run.resumed_from = step
         return Resumed(run, swa)
+
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def new_run_id(timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """A fresh run identity, rank 0's, on every rank (collective on the side group, bounded)."""
+    mine = uuid.uuid4().hex[:16]
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    return from_first(mine, side_group(), timeout_s, "choosing the run identity")
 
 
 def _merge(states: list[dict[str, Any]], base: int) -> dict[str, Any]:
