@@ -7,24 +7,30 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     ddp           DDP (gradients all-reduced before each step)
     old           DSSync(Shuffle(2), optimizer=opt, average_grads=False): parameters and moments
                   averaged after each rank's own step (DS-Sync before the fix)
-    grads         DSSync(Shuffle(2), optimizer=opt, average_grads=True): gradients, parameters and
-                  moments averaged in one message before the step (the default for Adam now)
+    grads         DSSync(Shuffle(2), optimizer=opt, average_grads=True), the second moment's
+                  correction off: gradients, parameters and moments averaged in one message
+                  before the step
+    grads-v       as grads, with the correction of the second moment (the default for Adam:
+                  what DSSync(optimizer=AdamW(...)) runs; the same as grads in one pair)
     grads-nomom   as grads, the moments not averaged (optimizer state stays per rank)
     noopt         DSSync(Shuffle(2)) without optimizer= (parameters only, after the step)
     local16       every=16, parameters and moments averaged (average_grads=False)
-    local16-grads every=16, average_grads=True
+    local16-grads every=16, average_grads=True with the correction (the default for Adam)
     local16-nest  every=16 with outer=nesterov() (DiLoCo's outer step), average_grads=False
 
 One thread per rank. Prints a table and writes a result file with the command, date and commit:
 
-    PYTHONPATH=src python tools/lm_parity.py --worlds 2 4 --seeds 0 1 2 \\
-        --settings ddp old grads --out docs/results/lm-parity.json
+    PYTHONPATH=src python tools/lm_parity.py --worlds 4 --steps 320 --seeds 0 1 2 \\
+        --settings ddp old grads grads-v --out docs/results/lm-parity.json
+    PYTHONPATH=src python tools/lm_parity.py --worlds 2 --steps 320 --seeds 0 1 2 --settings \\
+        ddp old grads local16 local16-grads local16-nest --out docs/results/lm-parity.json --append
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -64,8 +70,8 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     grads = setting in ("grads", "grads-nomom", "grads-v", "local16-grads")
     outer = nesterov() if setting == "local16-nest" else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
-    if setting == "grads-v":
-        sync.before_step.correct_v = True
+    if sync.before_step is not None:  # the correction of the second moment: on by default
+        sync.before_step.correct_v = setting in ("grads-v", "local16-grads")
     if setting == "grads-nomom":
         sync._optimizer_state = list  # the moments stay per rank (a measurement, not an option)
     return model, sync
@@ -90,7 +96,10 @@ def train(setting: str, seed: int, steps: int) -> dict:
         ]
     )
     t0 = time.perf_counter()
+    probe, at_70 = int(0.7 * steps), None
     for step in range(steps):
+        if step == probe and setting == "ddp" and rank == 0:  # DDP: replicas equal, no average
+            at_70 = wl.evaluate(model, val)["loss"]
         idx = order[step * wl.batch_size : (step + 1) * wl.batch_size].tolist()
         x, y = (torch.stack(t) for t in zip(*(local[i] for i in idx), strict=True))
         rates.apply(step)
@@ -103,7 +112,10 @@ def train(setting: str, seed: int, steps: int) -> dict:
         sync.average_all()
         sync.close()
     train_s = time.perf_counter() - t0
-    return {"val_loss": wl.evaluate(model, val)["loss"], "train_s": train_s}
+    if rank != 0:
+        return {}
+    out = {"val_loss": wl.evaluate(model, val)["loss"], "train_s": round(train_s, 1)}
+    return out if at_70 is None else {**out, "val_loss_at_70pct": at_70}
 
 
 def main() -> None:
@@ -119,6 +131,9 @@ def main() -> None:
         help="steps per world size (default: 1,280 / world: 4 epochs' worth of 2)",
     )
     ap.add_argument("--out", default=None, help="result file (JSON) to write")
+    ap.add_argument(
+        "--append", action="store_true", help="add to --out's rows (its runs list each command)"
+    )
     args = ap.parse_args()
     steps = args.steps or [1280 // w for w in args.worlds]
     rows = []
@@ -129,12 +144,16 @@ def main() -> None:
                 row = {"world": world, "steps": n, "seed": seed, "setting": setting, **res}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print_table(rows)
+    meta = provenance()
+    meta["command"] = shlex.join(["python", "tools/lm_parity.py", *sys.argv[1:]])
+    runs = [{**meta, "rows": rows}]
+    if args.out and args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            runs = json.load(f)["runs"] + runs
+    print_table([r for run in runs for r in run["rows"]])
     if args.out:
-        meta = provenance()
-        meta["command"] = shlex.join(["python", "tools/lm_parity.py", *sys.argv[1:]])
         with open(args.out, "w") as f:
-            json.dump({**meta, "rows": rows}, f, indent=1)
+            json.dump({"runs": runs}, f, indent=1)
             f.write("\n")
 
 

@@ -58,9 +58,7 @@ class BeforeStep:
         sync.step()                     # counts the step
     """
 
-    def __init__(
-        self, sync: Any, optimizer: torch.optim.Optimizer, correct_v: bool = False
-    ) -> None:
+    def __init__(self, sync: Any, optimizer: torch.optim.Optimizer, correct_v: bool = True) -> None:
         self.sync = sync
         self.optimizer = optimizer
         self.correct_v = correct_v

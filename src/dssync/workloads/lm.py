@@ -82,6 +82,8 @@ class ByteGPT(nn.Module):
         )
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
+        for emb in (self.tok, self.pos):  # GPT-2's scale: logits start near uniform (ln 256)
+            nn.init.normal_(emb.weight, std=0.02)
         mask = nn.Transformer.generate_square_subsequent_mask(context)
         self.register_buffer("mask", mask, persistent=False)
 
