@@ -21,9 +21,9 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
 One thread per rank. Prints a table and writes a result file with the command, date and commit:
 
     PYTHONPATH=src python tools/lm_parity.py --worlds 4 --steps 320 --seeds 0 1 2 \\
-        --settings ddp old grads grads-v --out docs/results/lm-parity.json
+        --settings ddp old grads grads-v --out docs/results/lm/parity.json
     PYTHONPATH=src python tools/lm_parity.py --worlds 2 --steps 320 --seeds 0 1 2 --settings \\
-        ddp old grads local16 local16-grads local16-nest --out docs/results/lm-parity.json --append
+        ddp old grads local16 local16-grads local16-nest --out docs/results/lm/parity.json --append
 """
 
 from __future__ import annotations
@@ -134,7 +134,12 @@ def main() -> None:
     ap.add_argument(
         "--append", action="store_true", help="add to --out's rows (its runs list each command)"
     )
+    ap.add_argument("--show", default=None, help="print a result file's table (markdown) and exit")
     args = ap.parse_args()
+    if args.show:
+        with open(args.show) as f:
+            print(markdown([r for run in json.load(f)["runs"] for r in run["rows"]]))
+        return
     steps = args.steps or [1280 // w for w in args.worlds]
     rows = []
     for world, n in zip(args.worlds, steps, strict=True):
@@ -170,6 +175,30 @@ def print_table(rows: list[dict]) -> None:
         if all(b is not None for b in base):
             gap = f"{(sum(r['val_loss'] for r in mine) / sum(base) - 1) * 100:+.2f}%"
         print(f"{world:>5} {n:>5} {setting:<14} {losses:<28} {gap:>8}")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table for docs/guide/adam.md: validation loss per seed, mean gap to DDP's."""
+    ddp = {
+        (r["world"], r["steps"], r["seed"]): r["val_loss"] for r in rows if r["setting"] == "ddp"
+    }
+    seeds = sorted({r["seed"] for r in rows})
+    head = "| ranks | steps | setting | " + " | ".join(f"seed {s}" for s in seeds) + " | vs DDP |"
+    lines = [head, "|" + "---|" * (len(seeds) + 4)]
+    for world, n, setting in dict.fromkeys((r["world"], r["steps"], r["setting"]) for r in rows):
+        mine = {
+            r["seed"]: r
+            for r in rows
+            if (r["world"], r["steps"], r["setting"]) == (world, n, setting)
+        }
+        cells = [f"{mine[s]['val_loss']:.4f}" if s in mine else "" for s in seeds]
+        base = [ddp.get((world, n, s)) for s in mine]
+        gap = ""
+        if setting != "ddp" and all(b is not None for b in base):
+            ours = sum(r["val_loss"] for r in mine.values())
+            gap = f"{(ours / sum(base) - 1) * 100:+.2f}%"
+        lines.append(f"| {world} | {n} | {setting} | " + " | ".join(cells) + f" | {gap} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
 from dssync.launch import spawn
-from dssync.strategies.before_step import is_adaptive
+from dssync.strategies.before_step import BeforeStep, is_adaptive
 from dssync.strategies.dssync import check_average_grads
 
 STEPS = 300
@@ -80,14 +80,13 @@ def test_averaging_after_the_step_trails_ddp():
     assert dssync / ddp - 1 > 0.01, (ddp, dssync)
 
 
-def test_adam_family_only():
+def test_on_by_default_for_adam_and_refused_without_optimizer_or_with_overlap():
+    # The first AdamW a process makes costs seconds (torch imports its compiler's pieces): the
+    # Adam-family checks share this one test.
     p = [nn.Parameter(torch.zeros(1))]
-    assert is_adaptive(torch.optim.AdamW(p)) and is_adaptive(torch.optim.Adam(p))
+    opt = torch.optim.AdamW(p)
+    assert is_adaptive(opt) and is_adaptive(torch.optim.Adam(p))
     assert not is_adaptive(torch.optim.SGD(p, lr=0.1)) and not is_adaptive(None)
-
-
-def test_refuses_grads_without_optimizer_or_with_overlap():
-    opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))])
     with pytest.raises(UsageError, match="pass optimizer="):
         check_average_grads(True, None, overlap=False)
     with pytest.raises(UsageError, match="average_grads=False, or overlap=False"):
@@ -96,3 +95,33 @@ def test_refuses_grads_without_optimizer_or_with_overlap():
     assert not check_average_grads(None, opt, overlap=True)  # not behind overlap
     sgd = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
     assert not check_average_grads(None, sgd, overlap=False)  # SGD: the same either way
+
+
+class _Pair:
+    """A stand-in DSSync: rank 0 of a pair in a world of four; its averaging gives ``mean``."""
+
+    world_size, steps, every, averagings = 4, 0, 1, 0
+
+    def __init__(self, param: nn.Parameter, mean: float) -> None:
+        self.param, self.mean = param, mean
+
+    def current_group(self) -> list[int]:
+        return [0, 1]
+
+    def _sync(self) -> None:
+        self.param.grad.fill_(self.mean)
+
+
+@pytest.mark.parametrize("own,mean,fed", [(1.5, 1.0, 0.875), (3.0, 1.0, 0.5)])
+def test_second_moment_is_fed_the_worlds_squared_gradient(own, mean, fed):
+    # Pair mean g = 1; this rank's own gradient estimates the per-rank variance
+    # (2 * (own - g)^2); Adam's second moment is fed g^2 - var * (1/2 - 1/4), at least g^2 / 2.
+    p = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.95))
+    p.grad = torch.ones(1)
+    opt.step()  # Adam's state exists from the first step on
+    v0 = opt.state[p]["exp_avg_sq"].clone()
+    BeforeStep(_Pair(p, mean), opt)
+    p.grad = torch.full((1,), own)
+    opt.step()
+    torch.testing.assert_close(opt.state[p]["exp_avg_sq"], 0.95 * v0 + 0.05 * fed)
