@@ -84,7 +84,8 @@ class ByteGPT(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         for emb in (self.tok, self.pos):  # GPT-2's scale: logits start near uniform (ln 256)
             nn.init.normal_(emb.weight, std=0.02)
-        mask = nn.Transformer.generate_square_subsequent_mask(context)
+        # True where a position may not look (the future); a bool buffer, so never averaged
+        mask = torch.ones(context, context, dtype=torch.bool).triu(1)
         self.register_buffer("mask", mask, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
