@@ -125,3 +125,33 @@ def test_second_moment_is_fed_the_worlds_squared_gradient(own, mean, fed):
     p.grad = torch.full((1,), own)
     opt.step()
     torch.testing.assert_close(opt.state[p]["exp_avg_sq"], 0.95 * v0 + 0.05 * fed)
+
+
+def _uneven_adamw(every: int):
+    from torch.distributed.algorithms.join import Join
+
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    m = nn.Linear(3, 1)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    sync = DSSync(m, Shuffle(2, seed=0), optimizer=opt, every=every, timeout_s=20)
+    with Join([sync]):
+        for _ in range(2 + 2 * rank):  # rank 0 runs out of data after 2 steps, rank 1 after 4
+            m(torch.randn(4, 3)).pow(2).mean().backward()
+            opt.step()
+            sync.step()
+            opt.zero_grad()
+    sync.average_all()
+    return sync.steps, sync.averagings, [p.detach().clone() for p in m.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("every", [1, 2])
+def test_join_serves_a_group_that_averages_at_the_step(every):
+    # The joined rank hears of each step before the averaging inside optimizer.step(), and sends
+    # zero gradients: no rank waits for the other.
+    out = spawn(_uneven_adamw, 2, args=(every,), timeout_s=120, collective_timeout_s=60)
+    assert [(s, n) for s, n, _ in out] == [(4, 4 // every)] * 2
+    for a, b in zip(out[0][2], out[1][2], strict=True):
+        assert torch.equal(a, b)

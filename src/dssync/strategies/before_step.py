@@ -66,6 +66,7 @@ class BeforeStep:
         self._armed = False  # averaging now, gradients included
         self._zeros = False  # ... as zeros (no optimizer step on this rank)
         self._taken = False  # this step's averaging is done
+        self._notified = False  # ... and ranks out of data (Join) were told of this step first
         self.handle = optimizer.register_step_pre_hook(self._before_step)
 
     def grads(self) -> list[torch.Tensor]:
@@ -102,6 +103,8 @@ class BeforeStep:
     def _average_here(self) -> None:
         own = {p: p.grad.clone() for p in self.params if p.grad is not None and self.correct_v}
         size = len(self.sync.current_group())
+        self.sync._notify_join()  # a joined rank hears of the step before it serves the group
+        self._notified = True
         self.average(zeros=False)
         self._taken = True
         if self.correct_v and size > 1:
@@ -140,6 +143,11 @@ class BeforeStep:
         """Whether this step's averaging already ran in the optimizer's step (and forget it)."""
         taken, self._taken = self._taken, False
         return taken
+
+    def notified(self) -> bool:
+        """Whether this step already told joined ranks of itself (and forget it)."""
+        notified, self._notified = self._notified, False
+        return notified
 
     def close(self) -> None:
         self.handle.remove()

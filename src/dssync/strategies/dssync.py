@@ -291,6 +291,12 @@ class DSSync(Strategy, Joinable):
     @torch.no_grad()
     def step(self) -> None:
         """Count an optimizer step; every ``every``-th one, average with this averaging's group."""
+        if self.before_step is None or not self.before_step.notified():  # once a step
+            self._notify_join()
+        self._step()
+
+    def _notify_join(self) -> None:
+        """Tell ranks that ran out of data (torch ``Join``) that this one takes a step."""
         work = Join.notify_join_context(self)
         if work is not None:
             wait(
@@ -300,7 +306,6 @@ class DSSync(Strategy, Joinable):
                 list(range(self.world_size)),
                 self.timeout_s,
             )
-        self._step()
 
     def _step(self) -> None:
         self.steps += 1
