@@ -27,7 +27,8 @@ def test_cosine_decays_from_one_to_zero():
 def test_unknown_schedule_names_the_choices():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(
-        ValueError, match="unknown learning-rate schedule 'linear'; choose from constant, cosine"
+        ValueError,
+        match="unknown learning-rate schedule 'linear'; choose from constant, cosine, warmup-cosine",
     ):
         LRSchedule(opt, "linear", 10)
 
@@ -98,3 +99,13 @@ def test_training_holds_the_rate_while_averaging_weights():
     assert rates[:4] == pytest.approx([0.2 * lr_factor("cosine", s, 8) for s in range(4)])
     assert rates[4:] == [0.05] * 4
     assert summary["swa_metric"] is not None
+
+
+def test_warmup_cosine_rises_then_decays():
+    total = 100
+    factors = [lr_factor("warmup-cosine", s, total) for s in range(total + 1)]
+    assert factors[0] == pytest.approx(0.1)  # warm-up: 10 steps, step 0 at a tenth
+    assert factors[9] == pytest.approx(1.0)
+    assert factors[10] == pytest.approx(1.0)  # then the cosine from its top
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+    assert factors[total] == pytest.approx(0.0, abs=1e-12)

@@ -37,6 +37,7 @@ from dssync.schedules import Fragments, Schedule, Shuffle, default_schedule, gro
 from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.before_step import BeforeStep, is_adaptive
 from dssync.strategies.outer import Outer, OuterFactory
 from dssync.strategies.overlap import Overlap
 from dssync.strategies.replan import Replanner, plan_again
@@ -108,6 +109,11 @@ class DSSync(Strategy, Joinable):
         wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
             ``"int8"`` (scaled per chunk), compressed with error feedback
             (:mod:`dssync.comm.wire` says what error remains); :meth:`average_all` is exact.
+        average_grads: average inside ``optimizer.step()``, before it steps, with the gradients
+            in the same message as the parameters and optimizer state
+            (:mod:`~dssync.strategies.before_step`): in a pair, DDP's Adam step exactly. None
+            (default): on for an Adam-family ``optimizer=`` (not with ``overlap``), whose second
+            moment otherwise sees each rank's noisier gradient. Costs the gradients' bytes.
         fragments: average one of this many fragments of every buffer per averaging, in
             rotation (each coordinate once every ``fragments`` averagings;
             :class:`~dssync.schedules.Fragments`), for any schedule and with every option.
@@ -170,6 +176,7 @@ class DSSync(Strategy, Joinable):
         wire: str = "fp32",
         fragments: int = 1,
         nonfinite: str = "raise",
+        average_grads: bool | None = None,
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
@@ -179,6 +186,7 @@ class DSSync(Strategy, Joinable):
         self._refusal: str | None = None
         try:  # a value this rank refuses travels with the start-up agreement: all fail at once
             check_options(schedule, topology, replan, overlap, every, outer)
+            average_grads = check_average_grads(average_grads, optimizer, overlap)
             codec_for(wire)
             Fragments(Shuffle(2), fragments)
             if nonfinite not in ("raise", "skip"):
@@ -186,7 +194,7 @@ class DSSync(Strategy, Joinable):
         except UsageError as e:
             self._refusal = str(e)
             schedule, topology, replan, overlap, every, outer = None, None, 0, False, 1, None
-            wire, fragments, nonfinite = "fp32", 1, "raise"
+            wire, fragments, nonfinite, average_grads = "fp32", 1, "raise", False
         if topology is not None:
             schedule = plan_topology_aware(topology, max_every=replan or 8)
         if schedule is None:
@@ -209,6 +217,7 @@ class DSSync(Strategy, Joinable):
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.outer = None if outer is None else Outer(trainable, outer)
+        self.before_step = BeforeStep(self, optimizer) if average_grads else None
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
@@ -323,6 +332,12 @@ class DSSync(Strategy, Joinable):
     @torch.no_grad()
     def step(self) -> None:
         """Count an optimizer step; every ``every``-th one, average with this averaging's group."""
+        if self.before_step is None or not self.before_step.notified():  # once a step
+            self._notify_join()
+        self._step()
+
+    def _notify_join(self) -> None:
+        """Tell ranks that ran out of data (torch ``Join``) that this one takes a step."""
         work = Join.notify_join_context(self)
         if work is not None:
             wait(
@@ -333,12 +348,14 @@ class DSSync(Strategy, Joinable):
                 self.timeout_s,
                 process_group=self.join_process_group,
             )
-        self._step()
 
     def _step(self) -> None:
         self.steps += 1
         if self.steps % self.every == 0:
-            self._sync()
+            if self.before_step is None:
+                self._sync()
+            elif not self.before_step.taken():  # no optimizer step here (joined): zero gradients
+                self.before_step.average(zeros=True)
 
     def _sync(self) -> None:
         """One averaging: merge or average, the outer step, then re-planning, at these points."""
@@ -395,6 +412,8 @@ class DSSync(Strategy, Joinable):
             return
         self._closed = True
         self.finish()
+        if self.before_step is not None:
+            self.before_step.close()
         if self._overlap is not None:
             self._overlap.close()
             dist.destroy_process_group(self._overlap.lane.group)
@@ -440,10 +459,13 @@ class DSSync(Strategy, Joinable):
             kind,
             self.averagings,
             buffers=self._fresh_buckets().buffers,
-            tensors=moments,
+            tensors=moments + self._grads(),
             part=part,
             ranged=ranged,
         )
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [] if self.before_step is None else self.before_step.grads()
 
     def _optimizer_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The optimizer's floating state to average, matched by parameter name: walked in the
@@ -578,6 +600,25 @@ def check_options(
             f"outer= must be a factory params -> torch.optim.Optimizer, not {type(outer).__name__}; "
             "try outer=dssync.nesterov()"
         )
+
+
+def check_average_grads(
+    average_grads: bool | None, optimizer: torch.optim.Optimizer | None, overlap: bool
+) -> bool:
+    """Whether to average at the optimizer's step; None: yes for an Adam-family ``optimizer``."""
+    if average_grads is None:
+        return is_adaptive(optimizer) and not overlap
+    if average_grads and optimizer is None:
+        raise UsageError(
+            "average_grads=True averages at the optimizer's step; pass optimizer= (the one "
+            "whose step() follows backward), or average_grads=False"
+        )
+    if average_grads and overlap:
+        raise UsageError(
+            "average_grads=True averages before the optimizer steps, overlap=True behind the "
+            "next steps; use one of them (average_grads=False, or overlap=False)"
+        )
+    return bool(average_grads)
 
 
 class _ServeGroups(JoinHook):

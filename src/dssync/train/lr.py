@@ -11,18 +11,26 @@ import torch
 
 from dssync.errors import UsageError
 
-LR_SCHEDULES = ("constant", "cosine")
+LR_SCHEDULES = ("constant", "cosine", "warmup-cosine")
+WARMUP = 0.1  # warmup-cosine: the fraction of the run spent warming up
 
 
 def lr_factor(kind: str, step: int, total: int) -> float:
     """Factor on the base learning rate for 0-based ``step`` of a ``total``-step run.
 
-    ``cosine`` decays from 1 at step 0 towards 0 at the end (half a cosine period).
+    ``cosine`` decays from 1 at step 0 towards 0 at the end (half a cosine period);
+    ``warmup-cosine`` rises linearly over the first :data:`WARMUP` of the run, then decays so
+    (as transformers are trained, with Adam's early steps kept small).
     """
     if kind == "constant":
         return 1.0
     if kind == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(total, 1)))
+    if kind == "warmup-cosine":
+        warm = max(int(WARMUP * total), 1)
+        if step < warm:
+            return (step + 1) / warm
+        return lr_factor("cosine", step - warm, total - warm)
     raise ValueError(
         f"unknown learning-rate schedule {kind!r}; choose from {', '.join(LR_SCHEDULES)}"
     )

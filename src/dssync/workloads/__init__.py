@@ -5,6 +5,7 @@ from __future__ import annotations
 from dssync.workloads.base import Workload, shard
 from dssync.workloads.bert import BERT
 from dssync.workloads.deepfm import DeepFMWorkload
+from dssync.workloads.lm import LM
 from dssync.workloads.mnist import MNIST, Digits
 from dssync.workloads.wrn import WRN
 
@@ -14,6 +15,7 @@ WORKLOADS: dict[str, type[Workload]] = {
     "wrn": WRN,
     "bert": BERT,
     "deepfm": DeepFMWorkload,
+    "lm": LM,
 }
 
 

@@ -1,0 +1,153 @@
+"""Averaging at the optimizer's step (``DSSync(average_grads=True)``): what Adam needs averaged.
+
+Plain DS-Sync lets each rank step on its own gradient, then averages the parameters. With SGD
+that is the same as averaging the gradients first. With Adam (any optimizer that divides by a
+running second moment) it is not: rank ``i``'s second moment ``v_i`` is built from its own
+gradient, whose square holds the per-rank batch noise (``E[g_i^2] = E[g]^2 + Var[g_i]``), so
+every rank's step is smaller than the step on the group's mean gradient would be, and averaging
+the moments keeps the noise (it averages ``g_i^2``, not ``mean(g)^2``).
+
+With ``average_grads=True`` the averaging moves from after the optimizer's step to just before
+it, hooked on the optimizer's step (``register_step_pre_hook``, as torchft hooks its inner
+optimizer): the group averages its parameters, its optimizer state and its gradients in ONE
+message, then every member steps from the same point with the same moments and the same
+gradient. In a group of two ranks that is DDP's step exactly; in pairs that change (Shuffle(2)
+on more ranks) each step's second moment sees the pair's mean gradient. The bytes per averaging
+are the parameters' once more (for AdamW with ``optimizer=``: parameters, two moments and the
+gradients, 4x the parameters' bytes instead of 3x).
+
+A rank that steps without calling ``optimizer.step()`` (a rank out of data under ``Join``, which
+serves its groups) sends zeros for its gradients, as a joined DDP rank does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Optimizers that divide by a running average of squared gradients.
+ADAPTIVE = (
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adamax,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.Adadelta,
+)
+
+
+def is_adaptive(optimizer: torch.optim.Optimizer | None) -> bool:
+    """True for the Adam family (an optimizer normalizing by a second moment)."""
+    return isinstance(optimizer, ADAPTIVE)
+
+
+class BeforeStep:
+    """Runs a DSSync's averaging inside ``optimizer.step()``, before it steps, with the gradients.
+
+    ``sync`` is the :class:`~dssync.strategies.DSSync` (its ``_sync`` averages; its ``_average``
+    adds :meth:`grads` to what travels). Its :meth:`~dssync.strategies.DSSync.step` after the
+    optimizer's step then only counts (:meth:`taken`).
+
+    Example::
+
+        sync = DSSync(model, optimizer=opt, average_grads=True)
+        loss.backward(); opt.step()     # averages here, before Adam's step
+        sync.step()                     # counts the step
+    """
+
+    def __init__(self, sync: Any, optimizer: torch.optim.Optimizer, correct_v: bool = True) -> None:
+        self.sync = sync
+        self.optimizer = optimizer
+        self.correct_v = correct_v
+        self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        self._armed = False  # averaging now, gradients included
+        self._zeros = False  # ... as zeros (no optimizer step on this rank)
+        self._taken = False  # this step's averaging is done
+        self._notified = False  # ... and ranks out of data (Join) were told of this step first
+        self.handle = optimizer.register_step_pre_hook(self._before_step)
+
+    def grads(self) -> list[torch.Tensor]:
+        """The gradients that travel with this averaging (none outside one)."""
+        if not self._armed:
+            return []
+        if self._zeros:
+            return [torch.zeros_like(p) for p in self.params]
+        for p in self.params:
+            if p.grad is None:  # a parameter this step did not reach: its mean gradient counts it 0
+                p.grad = torch.zeros_like(p)
+        return [p.grad for p in self.params]
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if (self.sync.steps + 1) % self.sync.every:
+            return None
+        closure = kwargs.get(
+            "closure", args[1] if len(args) > 1 else None
+        )  # args[0]: the optimizer
+        if closure is None:
+            self._average_here()
+            return None
+
+        def averaged() -> Any:  # step(closure): backward runs inside, so average after it
+            loss = closure()
+            self._average_here()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": averaged}
+        return (args[0], averaged, *args[2:]), kwargs
+
+    @torch.no_grad()
+    def _average_here(self) -> None:
+        own = {p: p.grad.clone() for p in self.params if p.grad is not None and self.correct_v}
+        size = len(self.sync.current_group())
+        self.sync._notify_join()  # a joined rank hears of the step before it serves the group
+        self._notified = True
+        self.average(zeros=False)
+        self._taken = True
+        if self.correct_v and size > 1:
+            self._correct(own, size)
+
+    def _correct(self, own: dict[torch.Tensor, torch.Tensor], size: int) -> None:
+        """Make the second moment's next input E[g_world^2] rather than E[g_group^2]: take
+        (1/k - 1/W) of the per-rank variance, estimated from this rank's distance to the mean,
+        off the squared mean gradient, through ``exp_avg_sq`` before Adam's update."""
+        world = self.sync.world_size
+        if size >= world:
+            return
+        k = size
+        for g in self.optimizer.param_groups:
+            b2 = g["betas"][1]
+            for p in g["params"]:
+                st = self.optimizer.state.get(p, {})
+                mine = own.get(p)
+                if mine is None or "exp_avg_sq" not in st:
+                    continue
+                sq = p.grad * p.grad
+                var = (mine - p.grad).square_().mul_(k / (k - 1))
+                target = torch.maximum(sq - var * (1 / k - 1 / world), sq * (k / world))
+                st["exp_avg_sq"].sub_((sq - target).mul_((1 - b2) / b2))
+
+    @torch.no_grad()
+    def average(self, zeros: bool) -> None:
+        """One averaging of the DSSync with the gradients (zeros: this rank did not step)."""
+        self._armed, self._zeros = True, zeros
+        try:
+            self.sync._sync()
+        finally:
+            self._armed = self._zeros = False
+
+    def taken(self) -> bool:
+        """Whether this step's averaging already ran in the optimizer's step (and forget it)."""
+        taken, self._taken = self._taken, False
+        return taken
+
+    def notified(self) -> bool:
+        """Whether this step already told joined ranks of itself (and forget it)."""
+        notified, self._notified = self._notified, False
+        return notified
+
+    def close(self) -> None:
+        self.handle.remove()
