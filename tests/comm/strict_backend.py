@@ -10,7 +10,7 @@ can be checked here instead:
   refuse it for living on the CPU. Exception: torch's own ``DistributedDataParallel`` sends an
   int64 shape check and int64 buffers through the group; on nccl it places them on the
   parameters' device, so calls made from inside ``torch/nn/parallel/distributed.py`` pass.
-  dssync's own step tags (int64, 3 or 6 elements, made on the data's device) pass too.
+  dssync's own step tags (int64, made on the data's device: :func:`_is_tag`) pass too.
 * **wire formats.** dssync's compressed messages (``wire=``) are bfloat16, float16 or int8 (an
   int8 message carries its scales in its own bytes), made by the codec from the parameters on
   their device; dssync makes no metadata in those dtypes, so they pass as training data.
@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from dssync.comm.side import forget_side_groups
+from dssync.comm.tags import FIELDS
 
 NAME = "strict"
 DATA_DTYPE = torch.float16
@@ -61,12 +62,15 @@ def _tensors(value: object) -> Iterator[torch.Tensor]:
 
 
 def _is_tag(t: torch.Tensor) -> bool:
-    """dssync's step tag: int64 ``[kind, step, layout]`` (point to point) or ``[t, -t]`` (MAX).
+    """dssync's step tag: int64 ``[kind, step, layout, finite]`` (point to point), or ``[t, -t]``
+    (MAX) followed by one non-finite slot per member of the group.
 
     The averaging core makes it on the data's device (``Tag.tensor(device)``), so nccl takes it;
     it is recognised here by dtype and size, the one int64 shape the training group may carry.
     """
-    return t.dtype == torch.int64 and t.numel() in (3, 6)
+    return t.dtype == torch.int64 and (
+        t.numel() == FIELDS or 2 * FIELDS <= t.numel() <= 2 * FIELDS + 64
+    )
 
 
 def _from_ddp() -> bool:
