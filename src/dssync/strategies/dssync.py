@@ -412,6 +412,7 @@ class DSSync(Strategy, Joinable):
             return
         self._closed = True
         self.finish()
+        self.router.settle()  # a verdict left on the device raises here, not never
         if self.before_step is not None:
             self.before_step.close()
         if self._overlap is not None:
