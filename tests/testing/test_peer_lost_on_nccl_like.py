@@ -146,7 +146,10 @@ def test_every_survivor_ends_with_peer_lost_within_the_timeout(tmp_path, mode, s
         assert r["kind"] == "PeerLost", (rank, r)
         assert r["at"] - left_at < TIMEOUT_S + MARGIN_S, (rank, r, left_at)
         said = [float(s) for s in re.findall(r"(?:for|after) (\d+\.\d) s", r["message"])]
-        assert said and abs(said[0] - r["ran"]) < 1.5, (rank, r)  # the time it really waited
+        # the time it really waited; "the connection closed after" leaves out the roll call's
+        # CLOSED_WINDOW_S (1 s) and at most STORE_GRACE_S (1 s) that followed
+        slack = 1.5 if "silent for" in r["message"] else 2.5
+        assert said and abs(said[0] - r["ran"]) < slack, (rank, r)
     if victim == 0:  # the store went with it: the roll call cannot tell who is missing
         return
     partner = next(g for g in schedule.partition(AT, WORLD) if victim in g)
