@@ -108,6 +108,9 @@ class _Pair:
     def current_group(self) -> list[int]:
         return [0, 1]
 
+    def _notify_join(self) -> None:
+        pass
+
     def _sync(self) -> None:
         self.param.grad.fill_(self.mean)
 
