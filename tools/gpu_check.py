@@ -11,7 +11,15 @@ matplotlib; dssync itself need not be installed) and prints one line per check:
 3. the library quickstart (examples/quickstart.py, shown in the README), as written, with one
    rank per GPU (it picks cuda:LOCAL_RANK and nccl);
 4. the int8 wire and its groups of 4 on the CPU path the CUDA machine also has (the codec's
-   bits are the same on either device: tests/comm/test_wire.py).
+   bits are the same on either device: tests/comm/test_wire.py);
+5. no host sync on the device's share of an averaging: a tag built, its finite flag reduced and
+   written, and an int8 encode with error feedback and decode, under
+   ``torch.cuda.set_sync_debug_mode("error")``;
+6. the int8 and bf16 codecs' encode-and-decode rate on 256M float32 elements (GB/s of input).
+
+What it cannot check on one GPU: nccl point-to-point and a lost peer on nccl need two ranks,
+each with a GPU of its own (nccl refuses two on one); the tests hold those rules on a CPU
+through the ``nccl_like`` stand-in (tests/testing/).
 
 Exits non-zero when any check fails. On a machine without CUDA it says so in one line and exits 0.
 Every check has a time limit; the whole run stays under 5 minutes.
@@ -187,6 +195,57 @@ def check_int8_groups_cuda() -> str:
     return check_int8_cuda(ranks=4)
 
 
+def check_no_host_sync() -> str:
+    import torch
+
+    from dssync.comm.tags import STEP, Tag, finite_of, layout_of
+    from dssync.comm.wire import codec_for, encode_with_feedback
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    buffers = [torch.randn(1 << 20, device=device), torch.randn(4096, device=device)]
+    residual = torch.zeros_like(buffers[0])
+    codec = codec_for("int8")
+    tag = Tag(STEP, 3, layout_of(buffers))
+    tag.tensor(device)  # warm-up: the first pinned buffer and kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            sent = tag.tensor(device, finite_of(buffers))
+            msg, mine = encode_with_feedback(codec, buffers[0], residual)
+            back = codec.decode(msg, buffers[0].numel(), buffers[0].dtype)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    if int(sent[3]) != 1 or not torch.equal(back, mine):
+        raise RuntimeError("the finite flag or the int8 round trip came out wrong")
+    return "tag, finite flag and int8 round trip with no host sync (sync debug mode 'error')"
+
+
+def check_codec_rate() -> str:
+    import torch
+
+    from dssync.comm.wire import codec_for
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    v = torch.randn(256 << 20, device=device)
+    rates = []
+    for name in ("int8", "bf16"):
+        codec = codec_for(name)
+        msg, _ = codec.encode_decoded(v)  # warm-up
+        codec.decode(msg, v.numel(), v.dtype)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            msg, _ = codec.encode_decoded(v)
+            codec.decode(msg, v.numel(), v.dtype)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000 / 5
+        rates.append(f"{name} {v.numel() * 4 / seconds / 1e9:.0f} GB/s")
+    return "encode and decode, 256M elements: " + ", ".join(rates)
+
+
 def library_example(path: Path = QUICKSTART) -> str:
     """The library quickstart, examples/quickstart.py (the README shows it)."""
     return path.read_text()
@@ -235,6 +294,8 @@ CHECKS = [
     ("library quickstart on CUDA, nccl", check_readme),
     ("DS-Sync int8 wire, pairs", check_int8_cuda),
     ("DS-Sync int8 in groups of 4 (two stages)", check_int8_groups_cuda),
+    ("no host sync in an averaging's device work", check_no_host_sync),
+    ("codec rate on the GPU", check_codec_rate),
 ]
 
 
