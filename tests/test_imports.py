@@ -152,8 +152,10 @@ def test_lower_layers_never_import_upper_ones(upper):
 LAYERS = [
     "errors",
     "hashing",
+    "saving",
     "schedules",
     "comm",
+    "testing",
     "topology",
     "strategies",
     "methods",
