@@ -197,7 +197,8 @@ class RollCall:
     the failure at different times (each at its own timeout), so a later member still sees the
     keys of the earlier ones. Nothing is made at construction; the store is the one the ranks
     met through (``init_process_group``). A caller that calls :meth:`arrive` before the
-    collective may pass ``window_s=0``: every member that came has its key in already.
+    collective learns at once who never came (their arrival key is missing); when every member
+    came, the window then tells who stopped mid-transfer (its key after the failure is missing).
     """
 
     def __init__(
@@ -219,11 +220,11 @@ class RollCall:
 
     def arrive(self, group: list[int], tag: Tag) -> RollCall:
         """Say, before the collective, that this rank came to it. Returns a roll call over the
-        same store that waits no window (every member that came has said so already) and
-        whose keys are this arrival's own (the same tag may come again: ``Tag(ALL, -1, n)``)."""
+        same store that names at once a member that never came (every member that came has
+        said so already) and whose keys are this arrival's own (the same tag may come again:
+        ``Tag(ALL, -1, n)``)."""
         base = self._key(group, tag)
         said = copy.copy(self)
-        said.window_s = 0.0
         said._round = _arrivals[base] = _arrivals.get(base, 0) + 1  # alike on every member
         self.store.set(f"{said._key(group, tag)}/{self._global(self.rank)}", "1")
         return said
@@ -253,6 +254,15 @@ class RollCall:
         base = self._key(group, tag)
         end = time.monotonic() + span
         try:
+            if self._round is not None:  # every member that came said so before the collective
+                never = [
+                    r
+                    for r, g in zip(group, ranks, strict=True)
+                    if not self.store.check([f"{base}/{g}"])
+                ]
+                if never or span <= 0:
+                    return never  # at once: no window for a word that was due before
+                base = f"{base}/after"  # all came: who is still here after the failure?
             self.store.set(f"{base}/{self._global(self.rank)}", "1")
             while True:
                 absent = [
