@@ -37,7 +37,9 @@ def _swapped_order(kind: str):
         opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
     else:
         opt = torch.optim.AdamW(params, lr=0.1)
-    sync = DSSync(m, schedule=Static([[0, 1]]), optimizer=opt)
+    # adamw: the state averaged after the step (average_grads=False); adamw-grads: Adam's
+    # default, gradients and state averaged inside opt.step(), which must match by name too
+    sync = DSSync(m, schedule=Static([[0, 1]]), optimizer=opt, average_grads=kind == "adamw-grads")
     (m(torch.full((4, 4), float(rank + 1))) ** 2).sum().backward()
     opt.step()
     names = dict(m.named_parameters())
@@ -61,6 +63,17 @@ def test_state_is_averaged_by_parameter_name_not_position(kind):
             mean = (mine + theirs) / 2
             torch.testing.assert_close(after0[name][key], mean, msg=f"{name} {key}")
             torch.testing.assert_close(after1[name][key], mean, msg=f"{name} {key}")
+
+
+@pytest.mark.slow
+def test_gradients_averaged_inside_the_step_match_by_name_too():
+    """Adam's default averages the gradients inside opt.step(): with the optimizer's order
+    reversed on one rank, both ranks still end with the same state and parameters by name (the
+    gradients were walked in the optimizer's order, so a.weight's met b.weight's)."""
+    (before0, _), (before1, _) = spawn(_swapped_order, 2, args=("adamw-grads",), timeout_s=120)
+    for name in before0:
+        for key, mine in before0[name].items():
+            torch.testing.assert_close(before1[name][key], mine, msg=f"{name} {key}")
 
 
 def _other_parameters():

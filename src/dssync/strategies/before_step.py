@@ -58,11 +58,23 @@ class BeforeStep:
         sync.step()                     # counts the step
     """
 
-    def __init__(self, sync: Any, optimizer: torch.optim.Optimizer, correct_v: bool = True) -> None:
+    def __init__(
+        self,
+        sync: Any,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.nn.Parameter] | None = None,
+        correct_v: bool = True,
+    ) -> None:
         self.sync = sync
         self.optimizer = optimizer
         self.correct_v = correct_v
-        self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        # in the module's order (matched by name, as the optimizer state is), not the optimizer's
+        held = (
+            params
+            if params is not None
+            else [p for g in optimizer.param_groups for p in g["params"]]
+        )
+        self.params = [p for p in held if p.requires_grad]
         self._armed = False  # averaging now, gradients included
         self._zeros = False  # ... as zeros (no optimizer step on this rank)
         self._taken = False  # this step's averaging is done

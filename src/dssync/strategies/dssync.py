@@ -217,7 +217,11 @@ class DSSync(Strategy, Joinable):
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.outer = None if outer is None else Outer(trainable, outer)
-        self.before_step = BeforeStep(self, optimizer) if average_grads else None
+        self.before_step = (
+            BeforeStep(self, optimizer, optimizer_params(module, optimizer))
+            if average_grads
+            else None
+        )
         check_start(self)
         self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
