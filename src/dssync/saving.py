@@ -42,11 +42,16 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     rank, world = _where()
     digest = hashlib.sha256(b"%d %d " % (rank, world) + payload).hexdigest().encode()
     head = b"%s %d %d %d %s %d\n" % (MAGIC, VERSION, rank, world, digest, len(payload))
-    path = Path(path)
+    write_atomic(Path(path), head + payload)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, synced, then
+    renamed over it (a crash leaves the old file, or none)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(head + payload)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

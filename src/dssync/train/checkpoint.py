@@ -28,13 +28,13 @@ import json
 import os
 import pickle
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dssync.errors import UsageError
+from dssync.saving import write_atomic
 
 MAGIC = b"DSSYNC-CHECKPOINT"
 VERSION = 1
@@ -72,16 +72,7 @@ def write_checkpoint(
     digest = hashlib.sha256(head + payload).hexdigest()
     first = b"%s %d %s %d %d\n" % (MAGIC, VERSION, digest.encode(), len(head), len(payload))
     path = checkpoint_path(folder, rank, step)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(first + head + payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, first + head + payload)
     _fsync_dir(folder)
     for _, old in sorted(rank_checkpoints(folder, rank).items())[:-keep]:
         old.unlink(missing_ok=True)
