@@ -23,7 +23,7 @@ LIBRARY = [
     "dssync.strategies",
     "dssync.topology",
     "dssync.errors",
-    "dssync.launch",
+    "dssync.lab.launch",
 ]
 
 PROBE = """
@@ -66,7 +66,7 @@ def test_a_door_adds_nothing_from_the_lab_beyond_its_framework(door):
 
 
 def test_the_probe_would_see_a_lab_import():
-    assert offenders(added_modules(["dssync.cli"])) >= {"click", "dssync.cli"}
+    assert offenders(added_modules(["dssync.lab.cli"])) >= {"click", "dssync.lab.cli"}
 
 
 def test_the_command_without_the_lab_extra_says_what_to_install(monkeypatch, capsys):

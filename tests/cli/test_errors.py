@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cli.errors import kind, report
 from dssync.errors import PeerLost, SyncError, UsageError
-from dssync.launch import WorkerError, spawn
-from dssync.train.checkpoint import CheckpointDamaged
+from dssync.lab.cli.errors import kind, report
+from dssync.lab.launch import WorkerError, spawn
+from dssync.lab.train.checkpoint import CheckpointDamaged
 
 
 class OddInput(UsageError):

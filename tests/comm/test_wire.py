@@ -17,7 +17,7 @@ from dssync.comm.wire import (
     shares,
 )
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 @pytest.mark.parametrize("wire", WIRES)

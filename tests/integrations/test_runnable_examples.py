@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.launch import free_port, run_contained
+from dssync.lab.launch import free_port, run_contained
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.strategies.before_step import BeforeStep, is_adaptive
 from dssync.strategies.dssync import check_average_grads
 

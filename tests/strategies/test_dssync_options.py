@@ -11,7 +11,7 @@ from torch import nn
 
 from dssync import DSSync, Global, Shuffle, nesterov
 from dssync.errors import UsageError
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.dssync import check_options
 from dssync.topology import Topology

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dssync import DSSync, Shuffle, Static, nesterov
 from dssync.errors import SyncError
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 TIMEOUT_S = 4.0
 

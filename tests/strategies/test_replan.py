@@ -10,7 +10,7 @@ from torch import nn
 
 from dssync import DSSync
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.strategies.replan import adjust_topology, own_stats
 from dssync.topology import Topology
 

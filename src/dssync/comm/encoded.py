@@ -29,7 +29,7 @@ unchanged by the average and the next averaging sends what was lost (:mod:`dssyn
 Shares go straight to their owners (all to all), not around a ring: an uplink between two
 racks of ``k/2`` carries ``k/4`` compressed buffers each way per stage, where a ring would carry
 one. On 8 ranks in two racks, int8 puts 0.57x the bytes of an fp32 ring all-reduce on the
-uplink (gathering whole int8 messages put 2.3x); :mod:`dssync.bench.bounds` routes it as such.
+uplink (gathering whole int8 messages put 2.3x); :mod:`dssync.lab.bench.bounds` routes it as such.
 
 Tags are compared exactly on the device (:class:`~dssync.comm.tags.Verdict`); where the host
 has the verdict without waiting (the CPU) a "no" stops before any received byte is used, on a

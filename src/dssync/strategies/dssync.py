@@ -122,7 +122,7 @@ class DSSync(Strategy, Joinable):
             ``SyncError`` on every member (the rank at fault names the tensor), ``"skip"``
             warns once and trains on (for runs whose loss scaling recovers on its own).
 
-    Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
+    Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.lab.launch.spawn`)::
 
         import torch, torch.distributed as dist
         from dssync import DSSync, Shuffle

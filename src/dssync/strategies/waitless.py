@@ -39,7 +39,7 @@ at once:
   model holds every average taken; a resumed run is correct but, being asynchronous, not
   bit-identical to one never stopped.
 
-Example (under torchrun or :func:`dssync.launch.spawn`)::
+Example (under torchrun or :func:`dssync.lab.launch.spawn`)::
 
     sync = AsyncDSSync(model, seed=0)
     for x, y in loader:
