@@ -273,16 +273,19 @@ def _class(lines: list[str], qualname: str, cls: type) -> None:
 
 
 def _entry(lines: list[str], qualname: str, obj: object) -> None:
+    name = qualname.rsplit(".", 1)[-1]
     if inspect.isclass(obj):
         _class(lines, qualname, obj)
     elif inspect.ismodule(obj):
         lines += [f"### `{qualname}`", "", "(a module)", "", _doc(obj), ""]
-    else:
+    elif callable(obj):
         lines += [f"### `{qualname}`", ""]
-        sig = signature(obj.__name__, obj) if callable(obj) else None
+        sig = signature(name, obj)
         if sig:
             lines += ["```", sig, "```", ""]
         lines += [_doc(obj), ""]
+    else:  # a constant: its value (its type's docstring is not its own)
+        lines += [f"### `{qualname}`", "", "```", f"{name} = {obj!r}", "```", ""]
 
 
 def public(module: ModuleType) -> list[str]:
@@ -330,7 +333,7 @@ def render() -> str:
 
     contents = []
     for key in order:
-        title = SECTIONS.get(key, f"dssync.{key}")
+        title = _section(key)
         links = ", ".join(f"[`{n}`](#{_anchor('dssync.' + n)})" for n in groups[key])
         contents.append(f"- {title}: {links}")
     for name, module in doors.items():
@@ -339,7 +342,7 @@ def render() -> str:
     lines += ["## Contents", "", *contents, "", "## `dssync`", "", _doc(dssync), ""]
 
     for key in order:
-        lines += [f"## {SECTIONS.get(key, f'dssync.{key}')}", ""]
+        lines += [f"## {_section(key)}", ""]
         for n in groups[key]:
             _entry(lines, f"dssync.{n}", getattr(dssync, n))
     for name, module in doors.items():
@@ -348,6 +351,10 @@ def render() -> str:
             _entry(lines, f"{name}.{n}", getattr(module, n))
     text = "\n".join(lines)
     return re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n"
+
+
+def _section(key: str) -> str:
+    return SECTIONS.get(key, "From `dssync`" if key == "dssync" else f"From `dssync.{key}`")
 
 
 def _anchor(heading: str) -> str:

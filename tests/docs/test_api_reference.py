@@ -78,3 +78,9 @@ def test_a_long_signature_takes_a_line_per_parameter():
         "    *,",
     ]
     assert long.endswith(") -> None")
+
+
+def test_a_constant_shows_its_value_not_its_types_docstring():
+    lines: list[str] = []
+    api_reference._entry(lines, "dssync.DEFAULT_TIMEOUT_S", 120.0)
+    assert "DEFAULT_TIMEOUT_S = 120.0" in lines and "float" not in "".join(lines)
