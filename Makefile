@@ -41,8 +41,8 @@ test-all: install
 # What CI runs (.ci/run): lint, every test, the docs, and the wheel in a venv with torch alone.
 ci: lint test-all docs wheel-check
 
-# The documentation site (docs/, mkdocs.yml) into build/site; a broken link or a missing API
-# reference fails it.
+# The documentation site (docs/, mkdocs.yml) into build/site; a broken link or anchor fails it.
+# docs/reference.md is plain markdown written by tools/api_reference.py (tests check it is current).
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
