@@ -60,7 +60,8 @@ class Cluster:
         self.address = text.splitlines()[0]
         return self.address
 
-    def replica(self, n: int, steps: int, *extra: str, go: bool = True) -> subprocess.Popen:
+    def replica(self, n: int, steps: int, *extra: str, go: Path | None = None) -> subprocess.Popen:
+        """Start replica ``n``; it joins when ``go`` (default: :attr:`go`) exists."""
         cmd = [
             sys.executable,
             str(HERE / "replica.py"),
@@ -71,8 +72,7 @@ class Cluster:
             f"--deadline-s={self.deadline_s}",
             *extra,
         ]
-        if go:
-            cmd.append(f"--go={self.go}")
+        cmd.append(f"--go={go or self.go}")
         proc = self._start(cmd, f"replica{n}")
         self.replicas[n] = proc
         return proc
@@ -108,16 +108,18 @@ class Cluster:
     def check_alive(self) -> None:
         for n, p in self.replicas.items():
             if p.poll() not in (None, 0, -signal.SIGKILL):
-                raise AssertionError(f"replica {n} failed ({p.returncode}):\n{self._tail(f'replica{n}.err')}")
+                raise AssertionError(
+                    f"replica {n} failed ({p.returncode}):\n{self._tail(f'replica{n}.err')}"
+                )
 
-    def ready(self, count: int, timeout_s: float = 90) -> None:
-        """Wait until ``count`` replicas are ready, then let them start stepping."""
+    def ready(self, count: int, timeout_s: float = 90, go: Path | None = None) -> None:
+        """Wait until ``count`` replicas are ready (imported), then let them join (``go``)."""
         self.wait_for(
             lambda rs: sum(1 for r in rs if r.get("ready")) >= count,
             timeout_s,
             f"{count} replicas ready",
         )
-        self.go.touch()
+        (go or self.go).touch()
 
     def finish(self, replicas: list[int], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -129,7 +131,9 @@ class Cluster:
                 raise AssertionError(
                     f"replica {n} did not finish within {timeout_s} s:\n{self._tail(f'replica{n}.err')}"
                 ) from None
-            assert p.returncode == 0, f"replica {n} exited {p.returncode}:\n{self._tail(f'replica{n}.err')}"
+            assert p.returncode == 0, (
+                f"replica {n} exited {p.returncode}:\n{self._tail(f'replica{n}.err')}"
+            )
 
     def kill(self, n: int) -> None:
         os.killpg(self.replicas[n].pid, signal.SIGKILL)

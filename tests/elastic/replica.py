@@ -17,11 +17,24 @@ import torch
 
 from dssync import hashing
 from dssync.elastic import ElasticDSSync, ReplicaManager
+from dssync.elastic import sync as elastic_sync
 
 
 def fingerprint(module: torch.nn.Module) -> int:
     flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
     return hashing.fingerprint(flat.numpy().tobytes().hex())
+
+
+def die_in_averaging(first: int) -> None:
+    """Wrap ElasticDSSync's group averaging so that this process dies inside one."""
+    real = elastic_sync.average_in_group
+
+    def dying(pg, group, rank, flats, header, timeout_s):
+        if header["averaging"] >= first and len(group) > 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(pg, group, rank, flats, header, timeout_s)
+
+    elastic_sync.average_in_group = dying
 
 
 def main() -> None:
@@ -36,13 +49,25 @@ def main() -> None:
     ap.add_argument("--final", action="store_true", help="average_all at the end")
     ap.add_argument("--go", help="wait until this file exists before the first step")
     ap.add_argument("--deadline-s", type=float, default=240.0, help="end the process by then")
+    ap.add_argument(
+        "--die-in-averaging",
+        type=int,
+        help="SIGKILL this process inside the first averaging from this one on where it has a "
+        "partner: after the quorum formed with it, before its group exchanges",
+    )
     args = ap.parse_args()
+    if args.die_in_averaging is not None:
+        die_in_averaging(args.die_in_averaging)
     signal.alarm(int(args.deadline_s))  # whatever happens to the test, this process ends
     torch.set_num_threads(1)
     torch.manual_seed(100 + args.replica)  # every replica starts apart
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     target = torch.randn(8, 4)
+    with open(args.log, "a") as log:  # imported: ready to join when told (--go)
+        log.write(json.dumps({"pid": os.getpid(), "replica": args.replica, "ready": True}) + "\n")
+    while args.go and not os.path.exists(args.go):
+        time.sleep(0.05)
     manager = ReplicaManager(
         f"replica_{args.replica}",
         args.lighthouse,
@@ -67,9 +92,6 @@ def main() -> None:
             write(healed_from=served, holds=fingerprint(model), steps_after=sync.steps)
 
         manager.register_state_dict_fn("probe", heal, serve)
-        write(ready=True)
-        while args.go and not os.path.exists(args.go):
-            time.sleep(0.05)
 
         while sync.steps < args.steps:
             x = torch.randn(16, 8)
