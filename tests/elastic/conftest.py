@@ -9,7 +9,7 @@ pytest.importorskip(
 
 @pytest.fixture
 def cluster(tmp_path):
-    from cluster import Cluster
+    from local_replicas import Cluster
 
     c = Cluster(tmp_path)
     try:

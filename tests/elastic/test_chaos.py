@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from cluster import steps_of
+from local_replicas import steps_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
