@@ -161,6 +161,7 @@ LAYERS = [
     "methods",
     "lightning",
     "accelerate",
+    "elastic",
     "workloads",
     "launch",
     "train",

@@ -55,6 +55,8 @@ def test_the_library_imports_nothing_from_the_lab():
     added = added_modules(LIBRARY)
     assert "dssync.strategies" in added  # the probe saw the imports
     assert not offenders(added), f"the library loaded {sorted(offenders(added))}"
+    # the elastic extra (torchft) is imported by `import dssync.elastic` only
+    assert not {m for m in added if m.split(".")[0] == "torchft" or m == "dssync.elastic"}
 
 
 @pytest.mark.parametrize("door", ["lightning", "accelerate"])
