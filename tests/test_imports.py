@@ -117,6 +117,7 @@ LIBRARY = [
     "strategies",
     "lightning",
     "accelerate",
+    "elastic",
 ]
 LAB = [
     "launch",

@@ -45,8 +45,8 @@ exit_quietly(0)
 
 def main(argv: list[str] | None = None) -> int:
     from dssync.lab.cluster import Cluster, load_cluster
-    from dssync.lab.methods import for_method
     from dssync.lab.config import TrainConfig
+    from dssync.lab.methods import for_method
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="s2-inter-rack")
