@@ -9,6 +9,7 @@ from torch import nn
 from dssync.errors import UsageError
 from dssync.lab.baselines import BSP, Hierarchical, LocalSGD
 from dssync.lab.baselines.ps import ParameterServer
+from dssync.lab.config import TrainConfig
 from dssync.lab.launch import spawn
 from dssync.lab.methods import (
     METHODS,
@@ -19,7 +20,6 @@ from dssync.lab.methods import (
     method_names,
     parse_methods,
 )
-from dssync.lab.config import TrainConfig
 from dssync.schedules import Shuffle, Static
 from dssync.strategies import DSSync
 from dssync.topology import Topology

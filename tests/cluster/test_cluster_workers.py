@@ -90,9 +90,9 @@ def test_torchrun_places_ranks_and_detection_agrees_with_the_spec(tmp_path):
 
 def test_two_hosts_train_and_end_with_identical_parameters():
     # mnist: an MLP without BatchNorm, so DDP leaves every buffer and parameter equal.
+    from dssync.lab.config import TrainConfig
     from dssync.lab.experiments.runners import ClusterRunner
     from dssync.lab.launch import core_share
-    from dssync.lab.config import TrainConfig
 
     cfg = TrainConfig(
         workload="mnist", sync="bsp", epochs=1, max_steps=6, progress=False, timeout_s=60
@@ -218,8 +218,8 @@ def test_runs_in_one_launch_equal_fresh_ones_and_a_failed_run_is_skipped():
     # run a fresh process made: its losses and final model are the same, bit for bit.
     from dataclasses import replace
 
-    from dssync.lab.experiments.runners import ClusterRunner, RunFailed
     from dssync.lab.config import TrainConfig
+    from dssync.lab.experiments.runners import ClusterRunner, RunFailed
 
     base = TrainConfig(
         workload="mnist", sync="bsp", epochs=1, max_steps=4, progress=False, timeout_s=60

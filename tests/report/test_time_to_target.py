@@ -175,9 +175,9 @@ def test_a_failed_run_counts_as_a_seed_that_never_reached_the_target(tmp_path):
 
 
 def test_compare_records_a_failed_run_and_goes_on():
+    from dssync.lab.config import TrainConfig
     from dssync.lab.experiments.compare import compare
     from dssync.lab.experiments.runners import RunFailed, Runner
-    from dssync.lab.config import TrainConfig
 
     class Flaky(Runner):
         def run_all(self, cfgs, each):

@@ -13,9 +13,9 @@ from torch import nn
 
 from dssync.errors import PeerLost
 from dssync.lab.baselines import DPSGD, FP16, PowerSGD
+from dssync.lab.config import TrainConfig
 from dssync.lab.launch import WorkerError, spawn
 from dssync.lab.methods import build_strategy
-from dssync.lab.config import TrainConfig
 from dssync.schedules import ring_matrix
 from dssync.strategies import DSSync
 

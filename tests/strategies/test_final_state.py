@@ -18,9 +18,9 @@ from torch.distributed.algorithms.join import Join
 
 from dssync import DSSync, Shuffle
 from dssync.comm import inflight
+from dssync.lab.config import TrainConfig
 from dssync.lab.launch import spawn
 from dssync.lab.methods import METHODS, build_strategy
-from dssync.lab.config import TrainConfig
 from dssync.topology import Topology
 
 
