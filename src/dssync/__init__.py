@@ -38,7 +38,7 @@ from dssync.schedules import (
     plan_topology_aware,
     spectral_gap,
 )
-from dssync.strategies import AsyncDSSync, DSSync, nesterov
+from dssync.strategies import AsyncDSSync, DSSync, Options, nesterov
 from dssync.topology import detect
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __all__ = [
     "DSSyncError",
     "Global",
     "GroupAverager",
+    "Options",
     "PeerLost",
     "Schedule",
     "Shuffle",

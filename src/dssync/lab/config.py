@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
+
 
 @dataclass
 class TrainConfig:
@@ -48,7 +50,7 @@ class TrainConfig:
     workload_options: dict[str, Any] = field(default_factory=dict)
     average_momentum: bool = False
     bucket_mb: float = 25.0
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     max_steps: int | None = None
     eval_every: int = 0
     stop_at: float | None = None

@@ -24,9 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
-
-DEFAULT_TIMEOUT_S = 120.0
 
 
 def core_share(workers: int, cores: int | None = None) -> int:

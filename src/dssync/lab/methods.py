@@ -39,6 +39,7 @@ from dssync.lab.config import TrainConfig
 from dssync.schedules import ExpGossip, Global, schedule_from_name
 from dssync.schedules.topology import SPREAD, plan_topology_aware
 from dssync.strategies import DSSync, Strategy
+from dssync.strategies.options import Options
 from dssync.strategies.outer import OuterFactory, nesterov
 from dssync.strategies.waitless import AsyncDSSync
 from dssync.topology import Topology
@@ -48,14 +49,16 @@ Builder = Callable[["TrainConfig", nn.Module, torch.optim.Optimizer, Topology | 
 TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not given)
 RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
 # The options a preset sets and a user may override (TrainConfig fields, None: the preset's),
-# with their value when neither does. They are DSSync's keyword options of the same names.
+# with their value when neither does: dssync.Options's fields of the same names and defaults
+# (``outer`` by name: "none" or "nesterov").
+DEFAULTS = Options()
 OPTIONS: dict[str, Any] = {
-    "every": 1,
-    "replan": 0,
-    "overlap": False,
+    "every": DEFAULTS.every,
+    "replan": DEFAULTS.replan,
+    "overlap": DEFAULTS.overlap,
     "outer": "none",
-    "wire": "fp32",
-    "fragments": 1,
+    "wire": DEFAULTS.wire,
+    "fragments": DEFAULTS.fragments,
 }
 OUTERS = ("none", "nesterov")  # --outer: none, or DiLoCo's SGD with Nesterov momentum
 GROUP_SIZE = 2  # ranks per DS-Sync group when --group-size is not given (auto may pick another)
@@ -136,10 +139,8 @@ def _dssync(
         schedule = schedule_from_name(
             cfg.schedule, cfg.group_size, seed=cfg.seed, repeat=cfg.repeat
         )
-    return DSSync(
-        module,
+    options = Options(
         schedule=schedule,
-        optimizer=opt if cfg.average_momentum else None,
         replan=replan,
         overlap=bool(cfg.overlap),
         every=cfg.every or 1,
@@ -147,9 +148,10 @@ def _dssync(
         bucket_bytes=_bucket_bytes(cfg),
         timeout_s=cfg.timeout_s,
         pairs=pairs,
-        wire=cfg.wire or "fp32",
+        wire=cfg.wire or DEFAULTS.wire,
         fragments=cfg.fragments or 1,
     )
+    return DSSync(module, optimizer=opt if cfg.average_momentum else None, options=options)
 
 
 def _bsp(

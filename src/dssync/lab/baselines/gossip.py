@@ -23,7 +23,7 @@ from dssync.comm.align import align_rest
 from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors, swap_ops
 from dssync.comm.tags import ALL
-from dssync.comm.wait import WaitFailed, wait_for
+from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost
 from dssync.schedules.gossip import ring_peers
 from dssync.strategies.base import Strategy, SyncTimer
@@ -56,7 +56,7 @@ class DPSGD(Strategy):
         process_group: dist.ProcessGroup | None = None,
         average_buffers: bool = True,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        timeout_s: float = 120.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(module, process_group)
         self.world_size = dist.get_world_size(process_group)

@@ -70,7 +70,7 @@ from torch import nn
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import average_tensors, broadcast_tensors
 from dssync.comm.side import wire_group
-from dssync.comm.wait import WaitFailed, wait_for
+from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -120,7 +120,7 @@ class ParameterServer(Strategy):
         optimizer: torch.optim.Optimizer,
         staleness: int | None = None,
         process_group: dist.ProcessGroup | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(module, process_group)
         if staleness is not None and staleness < 0:

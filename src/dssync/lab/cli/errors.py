@@ -12,6 +12,7 @@ raised here or in a worker (a worker forwards the names of its exception's class
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Literal
 
@@ -63,5 +64,36 @@ def report(e: BaseException) -> int:
 
             traceback.print_exception(e, file=sys.stderr)
         return 1
-    click.echo(f"error: {one_line(e)}", err=True)
+    click.echo(f"error: {as_flags(one_line(e))}", err=True)
     return 2 if k == "usage" else 1
+
+
+# The library's errors name Python arguments (``every=``, ``timeout_s``); here they read as the
+# flags that set them.
+FLAGS = {
+    "every": "--every",
+    "wire": "--wire",
+    "outer": "--outer",
+    "overlap": "--overlap",
+    "replan": "--replan",
+    "fragments": "--fragments",
+    "schedule": "--schedule",
+    "group_size": "--group-size",
+    "seed": "--seed",
+    "timeout_s": "--timeout",
+}
+_ARGUMENT = re.compile(r"(?<![\w.-])(" + "|".join(FLAGS) + r")(=|(?![\w=]))")
+
+
+def as_flags(text: str) -> str:
+    """``text`` with each of the library's argument names the CLI sets written as its flag:
+    ``every=0`` as ``--every=0``, ``pass the same wire=`` as ``pass the same --wire``."""
+
+    def flag(m: re.Match) -> str:
+        name, eq = m[1], m[2]
+        if not eq and name != "timeout_s":  # a plain word ("every rank"), not the argument
+            return m[0]
+        follows = m.end() < len(text) and not text[m.end()].isspace() and text[m.end()] not in ",;)"
+        return FLAGS[name] + ("=" if eq and follows else "")
+
+    return _ARGUMENT.sub(flag, text)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.lab.methods import for_method, get_method
 from dssync.lab.train import TrainConfig, run_training
@@ -51,7 +52,7 @@ class StragglerSettings:
     steps: int = 60
     seed: int = 0
     methods: tuple[str, ...] = ("dssync", "bsp")  # names from dssync.lab.methods
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def straggler_bench(s: StragglerSettings) -> list[dict[str, Any]]:

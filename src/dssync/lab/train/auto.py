@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 from dssync.comm.clock import clock
 from dssync.comm.meta import bounded, from_first, slowest
 from dssync.comm.side import side_group
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.lab.config import TrainConfig
 from dssync.lab.methods import DEFAULT_WINDOW, RATES, get_method, preset_value, with_pick
@@ -88,7 +89,7 @@ class Decision:
 
 
 def compute_time(
-    data: RankData, module: nn.Module, device: torch.device, timeout_s: float = 120.0
+    data: RankData, module: nn.Module, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> float:
     """Seconds of one forward and backward pass: each rank's fastest of :data:`TIMED_PASSES`
     (after a warm-up), the slowest rank's figure (collective).

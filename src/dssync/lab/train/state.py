@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from dssync.comm.meta import from_first
 from dssync.comm.side import side_group
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import SyncError
 from dssync.lab.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from dssync.lab.train.resume import agree_on_step, check_fits, check_own, saved_files
@@ -187,9 +188,6 @@ class Checkpointer:
         run = RunState(**state["run"])
         run.resumed_from = step
         return Resumed(run, swa)
-
-
-DEFAULT_TIMEOUT_S = 120.0
 
 
 def new_run_id(timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
