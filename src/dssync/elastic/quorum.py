@@ -22,6 +22,7 @@ from torch.distributed import TCPStore
 from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 
 
@@ -118,8 +119,8 @@ class ReplicaManager(Manager):
         replica_id: str,
         lighthouse: str,
         min_replicas: int = 1,
-        timeout_s: float = 60.0,
-        quorum_timeout_s: float = 120.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        quorum_timeout_s: float = DEFAULT_TIMEOUT_S,
         host: str = "127.0.0.1",
     ) -> None:
         self.replica = replica_number(replica_id)
