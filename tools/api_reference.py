@@ -1,7 +1,7 @@
 """Write docs/reference.md, the API reference, from the public API's signatures and docstrings.
 
 The public API is everything in ``dssync.__all__`` and the doors ``dssync.lightning``,
-``dssync.accelerate`` and ``dssync.testing``. The page is plain markdown (readable on GitHub or in
+``dssync.accelerate``, ``dssync.elastic`` and ``dssync.testing``. The page is plain markdown (readable on GitHub or in
 an editor, and in the built site): for each class its signature, docstring and public methods,
 for each function its signature and docstring. Docstrings are kept as written; their reST roles
 (:class:`~dssync.X`) become `X`, ``literal`` becomes `literal`, a ``::`` block or an
@@ -29,6 +29,7 @@ COMMAND = "python tools/api_reference.py"
 DOORS = {
     "dssync.lightning": "pip install 'dssync[lightning]'",
     "dssync.accelerate": "pip install 'dssync[accelerate]'",
+    "dssync.elastic": "pip install 'dssync[elastic]'",
     "dssync.testing": None,
 }
 # Sections of the top-level names, by the subpackage that defines them; others get their own.
@@ -320,7 +321,7 @@ def render() -> str:
         f"<!-- Written by `{COMMAND}` from the docstrings; edit those, not this page. -->",
         "",
         "Generated from the signatures and docstrings of the public API: every name in",
-        "`dssync.__all__`, then the doors `dssync.lightning`, `dssync.accelerate` and",
+        "`dssync.__all__`, then `dssync.lightning`, `dssync.accelerate`, `dssync.elastic` and",
         "`dssync.testing`. Regenerate it with `" + COMMAND + "`.",
         "",
     ]
