@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.wire import WIRES
@@ -111,8 +112,10 @@ def _dssync(
     pairs: str = "exchange",
     plan: str = "schedule",
     spread: bool = SPREAD,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Strategy:
-    """The one DSSync with the options ``cfg`` holds (:func:`configure` filled in the preset's).
+    """The one DSSync with the options ``cfg`` holds (:func:`configure` filled in the preset's),
+    over ``process_group`` (default: all ranks).
 
     ``plan`` says where the groups come from: ``"schedule"`` (``--schedule``), ``"topology"``
     (the topology-aware plan of the detected topology), ``"global"`` (everyone: DiLoCo) or
@@ -139,6 +142,7 @@ def _dssync(
     return DSSync(
         module,
         schedule=schedule,
+        process_group=process_group,
         optimizer=opt if cfg.average_momentum else None,
         replan=replan,
         overlap=bool(cfg.overlap),
