@@ -1,7 +1,7 @@
 """Write docs/reference.md, the API reference, from the public API's signatures and docstrings.
 
-The public API is everything in ``dssync.__all__`` and the doors ``dssync.lightning``,
-``dssync.accelerate`` and ``dssync.testing``. The page is plain markdown (readable on GitHub or in
+The public API is everything in ``dssync.__all__``, the doors ``dssync.lightning``,
+``dssync.accelerate`` and ``dssync.testing``, and the lab's ``dssync.lab.__all__`` (``auto``). The page is plain markdown (readable on GitHub or in
 an editor, and in the built site): for each class its signature, docstring and public methods,
 for each function its signature and docstring. Docstrings are kept as written; their reST roles
 (:class:`~dssync.X`) become `X`, ``literal`` becomes `literal`, a ``::`` block or an
@@ -30,6 +30,7 @@ DOORS = {
     "dssync.lightning": "pip install 'dssync[lightning]'",
     "dssync.accelerate": "pip install 'dssync[accelerate]'",
     "dssync.testing": None,
+    "dssync.lab": "pip install 'dssync[lab]'",
 }
 # Sections of the top-level names, by the subpackage that defines them; others get their own.
 SECTIONS = {
@@ -321,7 +322,7 @@ def render() -> str:
         "",
         "Generated from the signatures and docstrings of the public API: every name in",
         "`dssync.__all__`, then the doors `dssync.lightning`, `dssync.accelerate` and",
-        "`dssync.testing`. Regenerate it with `" + COMMAND + "`.",
+        "`dssync.testing`, and the lab's `dssync.lab.auto`. Regenerate it with `" + COMMAND + "`.",
         "",
     ]
     groups: dict[str, list[str]] = {}

@@ -316,9 +316,9 @@ def auto(
     ``init_process_group`` and with ``module`` on its device. ``measure()`` runs one forward
     pass (and backward) of ``module`` on a representative batch; when it returns a tensor that
     needs a gradient, ``auto`` calls ``backward()`` on it. It runs 1 + :data:`TIMED_PASSES`
-    times; each rank's fastest pass, the slowest rank's figure, is the compute. The gradients
-    it leaves are cleared and the module's buffers (batch-norm statistics) and the random
-    streams are left as they were. ``probe=False`` skips the link probe (the planner then takes
+    times; each rank's fastest pass, the slowest rank's figure, is the compute. Afterwards
+    the module has no gradients, and its buffers (batch-norm statistics) and the random
+    streams are as they were. ``probe=False`` skips the link probe (the planner then takes
     1 Gbit/s hosts). ``every``, ``outer`` (``"none"`` or ``"nesterov"``), ``group_size`` and
     ``wire`` fix what the planner would otherwise pick (``every=1``: an average every step);
     ``optimizer`` has its state averaged too, as ``DSSync(optimizer=...)``.
