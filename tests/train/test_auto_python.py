@@ -49,6 +49,8 @@ def _picked_and_trained():
     sync.average_all()
     weight = model[0].weight.detach().clone()
     sync.close()
+    again, kept = auto(model, loss, keep=decision.to_dict(), probe=False, timeout_s=60)
+    again.close()
     return {
         "refused": refused,
         "dssync": isinstance(sync, DSSync),
@@ -60,6 +62,8 @@ def _picked_and_trained():
         "grads": grads,
         "loss": (first, loss().item()),
         "weight": weight,
+        "kept": (kept.method, kept.every, kept.line(), again.every),
+        "picked_every": decision.every,
     }
 
 
@@ -73,8 +77,18 @@ def test_auto_returns_the_picked_dssync_which_trains_and_says_why():
         assert r["untouched"] and all(g is None for g in r["grads"])
         assert r["averagings"] == 12 // r["every"] > 0
         assert r["loss"][1] < r["loss"][0]  # it learned
+        method, every, line, built = r["kept"]  # keep= replays the pick, without timing
+        assert (method, every, built) == (r["method"], r["picked_every"], r["every"])
+        assert line == r["line"].replace("auto()", "auto(keep=...)", 1)
     assert r0["method"] == r1["method"] and r0["line"] == r1["line"]  # every rank picks alike
     assert torch.equal(r0["weight"], r1["weight"])  # the final average: one model
+
+
+def test_keep_with_an_option_it_would_override_is_refused():
+    from dssync.lab import auto
+
+    with pytest.raises(UsageError, match=r"keep= replays a saved pick with its own every; drop"):
+        auto(torch.nn.Linear(2, 1), lambda: None, keep={"method": "diloco"}, every=4)
 
 
 def test_auto_outside_a_process_group_names_the_fix():

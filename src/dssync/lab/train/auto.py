@@ -198,22 +198,31 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
     if kept is not None:  # its links are probed again only when the kept method plans from rates
         rates = RATES in get_method(kept["method"]).needs
         topo = detect(probe=rates, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
-        return Decision(
-            kept["method"],
-            kept["reason"],
-            kept["compute_s"],
-            topo,
-            kept.get("every"),
-            kept.get("outer"),
-            # a checkpoint written before auto picked the group size: the size given now stands
-            kept.get("group_size", cfg.group_size),
-            kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
-            kept_from=kept["step"],
-            predicted_s=kept.get("predicted_s"),
-        )
+        return replay(kept, topo, cfg)
     compute_s = compute_time(data, module, device, cfg.timeout_s)
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
     return pick(cfg, topo, module, compute_s)
+
+
+def replay(
+    kept: dict[str, Any], topology: Topology, cfg: TrainConfig, by: str = AUTO_FLAG
+) -> Decision:
+    """The decision a saved pick records (:meth:`Decision.to_dict`, with the checkpoint's
+    ``step`` where a checkpoint recorded it), on the ``topology`` detected now."""
+    return Decision(
+        kept["method"],
+        kept["reason"],
+        kept["compute_s"],
+        topology,
+        kept.get("every"),
+        kept.get("outer"),
+        # a checkpoint written before auto picked the group size: the size given now stands
+        kept.get("group_size", cfg.group_size),
+        kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
+        kept_from=kept.get("step"),
+        predicted_s=kept.get("predicted_s"),
+        by=by,
+    )
 
 
 def pick(
@@ -307,6 +316,7 @@ def auto(
     wire: str | None = None,
     seed: int = 0,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    keep: dict[str, Any] | None = None,
 ) -> Picked:
     """``--sync auto`` in a script: time ``measure``, probe the links, let the planner pick, and
     return the :class:`~dssync.DSSync` it picked, configured, with the :class:`Decision`
@@ -327,8 +337,9 @@ def auto(
     hierarchical all-reduce is predicted fastest it raises ``UsageError`` with the reason, since
     neither is a DSSync (wrap the model in ``DistributedDataParallel`` then). A pick is not
     stored: a resumed script that calls ``auto`` again may pick anew (the CLI keeps the pick its
-    checkpoints record); pass the first run's ``decision.method`` settings to ``DSSync`` to keep
-    it.
+    checkpoints record). To keep it, save ``decision.to_dict()`` with the checkpoint and pass it
+    back as ``keep=``: nothing is timed then, and the links are probed again only where the kept
+    method plans from their rates.
 
     Example (every rank, under ``torchrun``)::
 
@@ -340,6 +351,13 @@ def auto(
             opt.step(); opt.zero_grad()
             sync.step()
     """
+    fixed = {"every": every, "outer": outer, "group_size": group_size, "wire": wire}
+    given = [k for k, v in fixed.items() if v is not None]
+    if keep is not None and given:
+        raise UsageError(
+            f"keep= replays a saved pick with its own {', '.join(given)}; drop "
+            f"{', '.join(k + '=' for k in given)} or call auto without keep= to pick anew"
+        )
     if not dist.is_initialized():
         raise UsageError(
             "auto(...) is collective: call torch.distributed.init_process_group first "
@@ -352,8 +370,6 @@ def auto(
         )
     device = module_device(module)
     dtype = next((p.dtype for p in module.parameters()), torch.float32)
-    compute_s = _measured(module, measure, device, process_group, timeout_s)
-    topo = detect(process_group, probe=probe, timeout_s=timeout_s, device=device, dtype=dtype)
     cfg = TrainConfig(
         sync=AUTO,
         every=every,
@@ -364,7 +380,15 @@ def auto(
         timeout_s=timeout_s,
         average_momentum=optimizer is not None,
     )
-    cfg, decision = apply(cfg, pick(cfg, topo, module, compute_s, by="auto()"))
+    if keep is not None:
+        rates = probe and RATES in get_method(keep["method"]).needs
+        topo = detect(process_group, probe=rates, timeout_s=timeout_s, device=device, dtype=dtype)
+        decision = replay(keep, topo, cfg, by="auto(keep=...)")
+    else:
+        compute_s = _measured(module, measure, device, process_group, timeout_s)
+        topo = detect(process_group, probe=probe, timeout_s=timeout_s, device=device, dtype=dtype)
+        decision = pick(cfg, topo, module, compute_s, by="auto()")
+    cfg, decision = apply(cfg, decision)
     method = get_method(cfg.sync)
     if not method.preset:
         raise UsageError(
