@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -97,3 +99,20 @@ def test_auto_outside_a_process_group_names_the_fix():
     model = torch.nn.Linear(2, 1)
     with pytest.raises(UsageError, match="init_process_group first"):
         auto(model, lambda: model(torch.ones(1, 2)).sum())
+
+
+def test_the_reason_names_the_arguments_a_script_gave_and_the_flags_the_cli_gave():
+    from dssync.lab.cluster import load_cluster
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.train.auto import pick
+
+    topology = load_cluster("s2-inter-rack").topology()
+    cfg = TrainConfig(sync="auto", every=8, outer="nesterov", group_size=2)
+    model = torch.nn.Linear(1000, 1600)  # 1.6M parameters: a local-step pick on S2
+    cli, script = pick(cfg, topology, model, 0.02), pick(cfg, topology, model, 0.02, by="auto()")
+    said = {"--every": "every=", "--outer": "outer=", "--group-size": "group_size="}
+    assert all(f"as {f} says" in cli.reason for f in said), cli.reason
+    for f, argument in said.items():
+        cli = replace(cli, reason=cli.reason.replace(f, argument))
+    assert script.reason == cli.reason
+    assert script.line() == "auto(): " + script.reason

@@ -247,6 +247,7 @@ def pick(
         outer=cfg.outer,
         group_size=cfg.group_size,
         wire=cfg.wire,
+        spell=None if by == AUTO_FLAG else (lambda option: f"{option}="),
     )
     return Decision(
         choice.method,
