@@ -116,3 +116,18 @@ def test_the_reason_names_the_arguments_a_script_gave_and_the_flags_the_cli_gave
         cli = replace(cli, reason=cli.reason.replace(f, argument))
     assert script.reason == cli.reason
     assert script.line() == "auto(): " + script.reason
+
+
+def _one_rank():
+    from dssync.lab import auto
+
+    model = torch.nn.Linear(2, 1)
+    try:
+        auto(model, lambda: model(torch.ones(1, 2)).sum(), probe=False)
+    except UsageError as e:
+        return str(e)
+
+
+def test_auto_on_one_rank_asks_for_two():
+    (message,) = spawn(_one_rank, 1, timeout_s=100)
+    assert message.startswith("auto(...) plans how ranks average, and the group has 1 rank")

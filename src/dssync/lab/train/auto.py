@@ -364,6 +364,12 @@ def auto(
             "auto(...) is collective: call torch.distributed.init_process_group first "
             "(torchrun sets the ranks), then auto on every rank"
         )
+    world = dist.get_world_size(process_group)
+    if world < 2:
+        raise UsageError(
+            f"auto(...) plans how ranks average, and the group has {world} rank; launch 2 or "
+            "more (torchrun --nproc-per-node 2 ...)"
+        )
     if not callable(measure):
         raise UsageError(
             f"measure={measure!r} is not callable; pass a function of no arguments that runs "
