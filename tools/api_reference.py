@@ -1,7 +1,8 @@
 """Write docs/reference.md, the API reference, from the public API's signatures and docstrings.
 
-The public API is everything in ``dssync.__all__`` and the doors ``dssync.lightning``,
-``dssync.accelerate``, ``dssync.elastic`` and ``dssync.testing``. The page is plain markdown (readable on GitHub or in
+The public API is everything in ``dssync.__all__``, ``dssync.lightning``, ``dssync.accelerate``,
+``dssync.elastic``, ``dssync.testing``, and the lab's ``dssync.lab.__all__`` (``auto``). The page
+is plain markdown (readable on GitHub or in
 an editor, and in the built site): for each class its signature, docstring and public methods,
 for each function its signature and docstring. Docstrings are kept as written; their reST roles
 (:class:`~dssync.X`) become `X`, ``literal`` becomes `literal`, a ``::`` block or an
@@ -31,6 +32,7 @@ DOORS = {
     "dssync.accelerate": "pip install 'dssync[accelerate]'",
     "dssync.elastic": "pip install 'dssync[elastic]'",
     "dssync.testing": None,
+    "dssync.lab": "pip install 'dssync[lab]'",
 }
 # Sections of the top-level names, by the subpackage that defines them; others get their own.
 SECTIONS = {
@@ -321,8 +323,8 @@ def render() -> str:
         f"<!-- Written by `{COMMAND}` from the docstrings; edit those, not this page. -->",
         "",
         "Generated from the signatures and docstrings of the public API: every name in",
-        "`dssync.__all__`, then `dssync.lightning`, `dssync.accelerate`, `dssync.elastic` and",
-        "`dssync.testing`. Regenerate it with `" + COMMAND + "`.",
+        "`dssync.__all__`, then `dssync.lightning`, `dssync.accelerate`, `dssync.elastic`,",
+        "`dssync.testing` and the lab's `dssync.lab.auto`. Regenerate it with `" + COMMAND + "`.",
         "",
     ]
     groups: dict[str, list[str]] = {}

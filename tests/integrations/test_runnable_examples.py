@@ -99,6 +99,7 @@ def test_accelerate_example(tmp_path):
         ("variants.py", ["overlapped, weight norm", "wait-avoiding, weight norm"]),
         ("port_ddp.py", ["weight norm"]),
         ("port_dssync.py", ["weight norm"]),
+        ("auto.py", ["weight norm"]),
     ],
 )
 def test_library_example(tmp_path, name, figures):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.wire import WIRES
@@ -114,8 +115,10 @@ def _dssync(
     pairs: str = "exchange",
     plan: str = "schedule",
     spread: bool = SPREAD,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Strategy:
-    """The one DSSync with the options ``cfg`` holds (:func:`configure` filled in the preset's).
+    """The one DSSync with the options ``cfg`` holds (:func:`configure` filled in the preset's),
+    over ``process_group`` (default: all ranks).
 
     ``plan`` says where the groups come from: ``"schedule"`` (``--schedule``), ``"topology"``
     (the topology-aware plan of the detected topology), ``"global"`` (everyone: DiLoCo) or
@@ -151,7 +154,12 @@ def _dssync(
         wire=cfg.wire or DEFAULTS.wire,
         fragments=cfg.fragments or 1,
     )
-    return DSSync(module, optimizer=opt if cfg.average_momentum else None, options=options)
+    return DSSync(
+        module,
+        optimizer=opt if cfg.average_momentum else None,
+        process_group=process_group,
+        options=options,
+    )
 
 
 def _bsp(

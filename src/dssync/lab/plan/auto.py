@@ -55,6 +55,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dssync.lab.cluster.spec import ClusterSpec
@@ -189,6 +190,7 @@ def choose(
     outer: str | None = None,
     group_size: int | None = None,
     wire: str | None = None,
+    spell: Callable[[str], str] | None = None,
 ) -> Choice:
     """The method predicted fastest for a model of ``params`` float32 parameters whose step
     computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
@@ -196,7 +198,10 @@ def choose(
     ``every`` (``--every``) fixes how often a local-step pick averages, ``outer``
     (``--outer``) what it applies (default :data:`OUTER`), ``group_size`` (``--group-size``)
     its groups' size (default: :func:`rack_groups`) and ``wire`` (``--wire``) what a whole-rack
-    pick sends (default :data:`RACK_WIRE`)."""
+    pick sends (default :data:`RACK_WIRE`). ``spell(option)`` is how the reason names an option
+    that was given (default: the CLI's flag, ``--every``; :func:`dssync.lab.auto` passes
+    ``every=``)."""
+    spell = spell or flag
     fixed = every
     shaped = canonical(topology)
     if shaped is None:
@@ -231,7 +236,7 @@ def choose(
             sync = by[plan].sync_s / chosen
             best = Prediction(best.method, sync, compute_s + sync)
             why = (
-                "as --every says"
+                f"as {spell('every')} says"
                 if fixed is not None
                 else f"the fewest of {'/'.join(map(str, EVERY_CHOICES))} within "
                 f"{SYNC_SHARE:.0%} of the compute"
@@ -241,12 +246,12 @@ def choose(
             how = f" per iteration, one average every {every} steps"
         if step != "none":
             how += ", DiLoCo's outer Nesterov step at each average" + (
-                " (as --outer says)" if outer else ""
+                f" (as {spell('outer')} says)" if outer else ""
             )
         if method == "dssync-topo-local":
             size = group_size if group_size is not None else rack_groups(spec)
             if group_size is not None:
-                how += f", groups of {group_size} (as --group-size says)"
+                how += f", groups of {group_size} (as {spell('group_size')} says)"
             elif size is not None:
                 how += f", groups of a whole rack ({size}: its hosts are equal)"
             if (
@@ -267,6 +272,11 @@ def choose(
         f"{_ms(compute_s)} of compute, {_links(topology)}"
     )
     return Choice(method, reason, preds, chosen, step, size, sent, best.iter_s)
+
+
+def flag(option: str) -> str:
+    """The CLI's flag for ``option``: ``group_size`` -> ``--group-size``."""
+    return "--" + option.replace("_", "-")
 
 
 def _ms(seconds: float) -> str:

@@ -12,27 +12,40 @@ from the one its checkpoint was written by. ``--every``, ``--outer``, ``--group-
 ``--wire`` that would change the kept pick are refused. The topology is detected again, and probed where the
 kept method plans from rates; a re-planned plan then continues from the rates its checkpoint
 saved (:meth:`dssync.DSSync.load_state_dict`).
+
+:func:`auto` is the same rule in a training script: it times the script's own forward and
+backward pass, probes, picks and returns the configured :class:`~dssync.DSSync` with the
+:class:`Decision` (whose :meth:`Decision.line` is the line the CLI prints). Both paths time with
+:func:`time_passes`, pick with :func:`pick` and apply the pick with :func:`apply`.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dssync.comm.clock import clock
+from dssync.comm.clock import clock, module_device
 from dssync.comm.meta import bounded, from_first, slowest
 from dssync.comm.side import side_group
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.lab.config import TrainConfig
-from dssync.lab.methods import DEFAULT_WINDOW, RATES, get_method, preset_value, with_pick
+from dssync.lab.methods import (
+    DEFAULT_WINDOW,
+    RATES,
+    configure,
+    get_method,
+    preset_value,
+    with_pick,
+)
 from dssync.lab.train.checkpoint import (
     CheckpointDamaged,
     CheckpointError,
@@ -42,9 +55,11 @@ from dssync.lab.train.checkpoint import (
 )
 from dssync.lab.train.data import RankData
 from dssync.lab.train.device import to_device
+from dssync.strategies import DSSync
 from dssync.topology import Topology, detect
 
 AUTO = "auto"
+AUTO_FLAG = "--sync auto"  # who chose, in the line the CLI prints (Decision.line)
 PICKED = ("every", "outer", "group_size", "wire")  # what a pick sets beyond the method (with_pick)
 TIMED_PASSES = 5
 
@@ -64,6 +79,7 @@ class Decision:
     wire: str | None = None
     kept_from: int | None = None  # a resumed run's pick: the checkpoint step it was read from
     predicted_s: float | None = None  # the pick's predicted iteration (seconds)
+    by: str = AUTO_FLAG  # who chose: the CLI's flag, or auto() in a script
 
     def to_dict(self) -> dict:
         return {
@@ -79,20 +95,34 @@ class Decision:
         }
 
     def line(self) -> str:
-        """The one line rank 0 prints."""
+        """The one line rank 0 prints: who chose, what and why."""
         kept = (
             f"the pick its checkpoints record (read at step {self.kept_from}), "
             if self.kept_from is not None
             else ""
         )
-        return f"--sync auto: {kept}{self.reason}"
+        return f"{self.by}: {kept}{self.reason}"
 
 
 def compute_time(
     data: RankData, module: nn.Module, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> float:
-    """Seconds of one forward and backward pass: each rank's fastest of :data:`TIMED_PASSES`
-    (after a warm-up), the slowest rank's figure (collective).
+    """Seconds of one forward and backward pass of a copy of ``module`` on one of this rank's
+    batches (:func:`time_passes`; collective)."""
+    trial = copy.deepcopy(module)
+    batch = to_device(next(iter(DataLoader(data.local, batch_size=data.batch_size))), device)
+    return time_passes(lambda: data.wl.loss(trial, batch).backward(), device, None, timeout_s)
+
+
+def time_passes(
+    one_pass: Callable[[], object],
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+    timeout_s: float = 120.0,
+) -> float:
+    """Seconds of ``one_pass()`` (a forward and backward pass): each rank's fastest of
+    :data:`TIMED_PASSES` (after a warm-up), the slowest rank's figure (collective over
+    ``group``).
 
     The fastest pass is the one least disturbed by whatever else the machine runs at start-up;
     the median of three read 4.7 to 31 ms on the same emulated hosts (S2 and S3, 2026-12-05).
@@ -101,24 +131,22 @@ def compute_time(
     four to five times their compute (90 ms against 18 ms a step in training on S2), which is the
     emulator's sharing, not what a host of its own would see.
     """
-    trial = copy.deepcopy(module)
-    batch = to_device(next(iter(DataLoader(data.local, batch_size=data.batch_size))), device)
-    side = side_group()
+    side = side_group(group)
     what = "timing the compute"
 
     def timed() -> list[float]:
         times = []
         for _ in range(TIMED_PASSES + 1):
             t0 = clock(device)
-            data.wl.loss(trial, batch).backward()
+            one_pass()
             times.append(clock(device) - t0)
         return times[1:]  # the first is a warm-up
 
     if not os.environ.get("DSSYNC_CLUSTER"):
         return slowest(min(timed()), side, timeout_s, what)
     bounded(dist.barrier, group=side, timeout_s=timeout_s, what=what)  # nobody still loading
-    for turn in range(dist.get_world_size()):
-        if turn == dist.get_rank():
+    for turn in range(dist.get_world_size(group)):
+        if turn == dist.get_rank(group):
             mine = min(timed())
         bounded(dist.barrier, group=side, timeout_s=timeout_s, what=what)
     return slowest(mine, side, timeout_s, what)
@@ -165,34 +193,52 @@ def _newest_pick(folder: str) -> dict[str, Any] | None:
 
 def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:
     """The method ``--sync auto`` runs for ``cfg`` here (all ranks call this alike)."""
-    from dssync.lab.plan.auto import choose
-
     dtype = next(module.parameters()).dtype
     kept = saved_pick(cfg)
     if kept is not None:  # its links are probed again only when the kept method plans from rates
         rates = RATES in get_method(kept["method"]).needs
         topo = detect(probe=rates, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
-        return Decision(
-            kept["method"],
-            kept["reason"],
-            kept["compute_s"],
-            topo,
-            kept.get("every"),
-            kept.get("outer"),
-            # a checkpoint written before auto picked the group size: the size given now stands
-            kept.get("group_size", cfg.group_size),
-            kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
-            kept_from=kept["step"],
-            predicted_s=kept.get("predicted_s"),
-        )
+        return replay(kept, topo, cfg)
     compute_s = compute_time(data, module, device, cfg.timeout_s)
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
+    return pick(cfg, topo, module, compute_s)
+
+
+def replay(
+    kept: dict[str, Any], topology: Topology, cfg: TrainConfig, by: str = AUTO_FLAG
+) -> Decision:
+    """The decision a saved pick records (:meth:`Decision.to_dict`, with the checkpoint's
+    ``step`` where a checkpoint recorded it), on the ``topology`` detected now."""
+    return Decision(
+        kept["method"],
+        kept["reason"],
+        kept["compute_s"],
+        topology,
+        kept.get("every"),
+        kept.get("outer"),
+        # a checkpoint written before auto picked the group size: the size given now stands
+        kept.get("group_size", cfg.group_size),
+        kept.get("wire", cfg.wire),  # likewise for a checkpoint from before it picked the wire
+        kept_from=kept.get("step"),
+        predicted_s=kept.get("predicted_s"),
+        by=by,
+    )
+
+
+def pick(
+    cfg: TrainConfig, topology: Topology, module: nn.Module, compute_s: float, by: str = AUTO_FLAG
+) -> Decision:
+    """What the planner (:func:`dssync.lab.plan.auto.choose`) picks for ``module`` on
+    ``topology`` at ``compute_s`` a pass, with the options ``cfg`` gives (``every``, ``outer``,
+    ``group_size``, ``wire``, ``replan``; None: the planner's)."""
+    from dssync.lab.plan.auto import choose
+
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
     repeat = cfg.replan or DEFAULT_WINDOW
     choice = choose(
-        topo,
+        topology,
         params,
         compute_s,
         repeat=repeat,
@@ -201,18 +247,28 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
         outer=cfg.outer,
         group_size=cfg.group_size,
         wire=cfg.wire,
+        spell=None if by == AUTO_FLAG else (lambda option: f"{option}="),
     )
     return Decision(
         choice.method,
         choice.reason,
         compute_s,
-        topo,
+        topology,
         choice.every,
         choice.outer,
         choice.group_size,
         choice.wire,
         predicted_s=choice.predicted_s,
+        by=by,
     )
+
+
+def apply(cfg: TrainConfig, decision: Decision) -> tuple[TrainConfig, Decision]:
+    """``cfg`` for the picked method: the options given reach it if it takes them, and the
+    pick's ``every``, ``outer``, ``group_size`` and ``wire`` fill the ones not given; the
+    decision then records the ones the run uses (None: the method's own)."""
+    chosen = with_pick(cfg, decision.method, *(getattr(decision, k) for k in PICKED))
+    return chosen, replace(decision, **{k: getattr(chosen, k) for k in PICKED})
 
 
 def resolve(
@@ -238,5 +294,139 @@ def resolve(
                 f"which this run's {', '.join(clash)} would change; resume without them, or with "
                 f"--sync {decision.method} and the options you want"
             )
-    chosen = with_pick(cfg, decision.method, *(getattr(decision, k) for k in PICKED))
-    return chosen, replace(decision, **{k: getattr(chosen, k) for k in PICKED})
+    return apply(cfg, decision)
+
+
+class Picked(NamedTuple):
+    """What :func:`auto` returns: the configured DSSync and the decision that configured it."""
+
+    sync: DSSync
+    decision: Decision
+
+
+def auto(
+    module: nn.Module,
+    measure: Callable[[], object],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    probe: bool = True,
+    every: int | None = None,
+    outer: str | None = None,
+    group_size: int | None = None,
+    wire: str | None = None,
+    seed: int = 0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    keep: dict[str, Any] | None = None,
+) -> Picked:
+    """``--sync auto`` in a script: time ``measure``, probe the links, let the planner pick, and
+    return the :class:`~dssync.DSSync` it picked, configured, with the :class:`Decision`
+    (``decision.line()`` says what was chosen and why, as the CLI's line does).
+
+    Every rank of ``process_group`` (default: all) calls this alike, after
+    ``init_process_group`` and with ``module`` on its device. ``measure()`` runs one forward
+    pass (and backward) of ``module`` on a representative batch; when it returns a tensor that
+    needs a gradient, ``auto`` calls ``backward()`` on it. It runs 1 + :data:`TIMED_PASSES`
+    times; each rank's fastest pass, the slowest rank's figure, is the compute. Afterwards
+    the module has no gradients, and its buffers (batch-norm statistics) and the random
+    streams are as they were. ``probe=False`` skips the link probe (the planner then takes
+    1 Gbit/s hosts). ``every``, ``outer`` (``"none"`` or ``"nesterov"``), ``group_size`` and
+    ``wire`` fix what the planner would otherwise pick (``every=1``: an average every step);
+    ``optimizer`` has its state averaged too, as ``DSSync(optimizer=...)``.
+
+    auto picks among DS-Sync's presets, DDP and hierarchical all-reduce; when DDP or
+    hierarchical all-reduce is predicted fastest it raises ``UsageError`` with the reason, since
+    neither is a DSSync (wrap the model in ``DistributedDataParallel`` then). A pick is not
+    stored: a resumed script that calls ``auto`` again may pick anew (the CLI keeps the pick its
+    checkpoints record). To keep it, save ``decision.to_dict()`` with the checkpoint and pass it
+    back as ``keep=``: nothing is timed then, and the links are probed again only where the kept
+    method plans from their rates.
+
+    Example (every rank, under ``torchrun``)::
+
+        sync, decision = auto(model, lambda: loss_fn(model(x), y), optimizer=opt)
+        if dist.get_rank() == 0:
+            print(decision.line())  # auto(): dssync-topo-local: predicted 21 ms per iteration ...
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            opt.step(); opt.zero_grad()
+            sync.step()
+    """
+    fixed = {"every": every, "outer": outer, "group_size": group_size, "wire": wire}
+    given = [k for k, v in fixed.items() if v is not None]
+    if keep is not None and given:
+        raise UsageError(
+            f"keep= replays a saved pick with its own {', '.join(given)}; drop "
+            f"{', '.join(k + '=' for k in given)} or call auto without keep= to pick anew"
+        )
+    if not dist.is_initialized():
+        raise UsageError(
+            "auto(...) is collective: call torch.distributed.init_process_group first "
+            "(torchrun sets the ranks), then auto on every rank"
+        )
+    world = dist.get_world_size(process_group)
+    if world < 2:
+        raise UsageError(
+            f"auto(...) plans how ranks average, and the group has {world} rank; launch 2 or "
+            "more (torchrun --nproc-per-node 2 ...)"
+        )
+    if not callable(measure):
+        raise UsageError(
+            f"measure={measure!r} is not callable; pass a function of no arguments that runs "
+            "one forward (and backward) pass, e.g. lambda: loss_fn(model(x), y)"
+        )
+    device = module_device(module)
+    dtype = next((p.dtype for p in module.parameters()), torch.float32)
+    cfg = TrainConfig(
+        sync=AUTO,
+        every=every,
+        outer=outer,
+        group_size=group_size,
+        wire=wire,
+        seed=seed,
+        timeout_s=timeout_s,
+        average_momentum=optimizer is not None,
+    )
+    if keep is not None:
+        rates = probe and RATES in get_method(keep["method"]).needs
+        topo = detect(process_group, probe=rates, timeout_s=timeout_s, device=device, dtype=dtype)
+        decision = replay(keep, topo, cfg, by="auto(keep=...)")
+    else:
+        compute_s = _measured(module, measure, device, process_group, timeout_s)
+        topo = detect(process_group, probe=probe, timeout_s=timeout_s, device=device, dtype=dtype)
+        decision = pick(cfg, topo, module, compute_s, by="auto()")
+    cfg, decision = apply(cfg, decision)
+    method = get_method(cfg.sync)
+    if not method.preset:
+        raise UsageError(
+            f"auto() picked {method.name}, which is not a DSSync: {decision.reason}. Wrap the "
+            "model in torch.nn.parallel.DistributedDataParallel here (an all-reduce every step "
+            "is predicted fastest), or build the DSSync you want yourself"
+        )
+    sync = method.build(configure(cfg), module, optimizer, topo, process_group=process_group)
+    return Picked(sync, decision)
+
+
+def _measured(
+    module: nn.Module,
+    measure: Callable[[], object],
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+    timeout_s: float,
+) -> float:
+    """:func:`time_passes` of ``measure``, leaving ``module``'s gradients cleared and its buffers
+    and the random streams as they were."""
+    buffers = [b.detach().clone() for b in module.buffers()]
+
+    def one_pass() -> None:
+        out = measure()
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.backward()
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        seconds = time_passes(one_pass, device, group, timeout_s)
+    module.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for b, saved in zip(module.buffers(), buffers, strict=True):
+            b.copy_(saved)
+    return seconds
