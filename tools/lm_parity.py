@@ -17,6 +17,9 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     local16       every=16, parameters and moments averaged (average_grads=False)
     local16-grads every=16, average_grads=True with the correction (the default for Adam)
     local16-nest  every=16 with outer=nesterov() (DiLoCo's outer step), average_grads=False
+    local4-grads  every=4, the default for Adam (optimizer=, average_grads on)
+    preset-local  the `dssync-local` preset as `dssync train` runs it without --average-momentum:
+                  every=4, outer=nesterov(), no optimizer= (parameters only)
     butterfly     as grads-v on Butterfly(2) (partners cycle: the exact mean every log2 N steps)
     global        as grads-v on Global() (one group of all ranks: DDP's step, clipping aside)
     grads-v1      as grads-v with the correction's bound before (each step's input to the second
@@ -66,6 +69,8 @@ SETTINGS = (
     "local16",
     "local16-grads",
     "local16-nest",
+    "local4-grads",
+    "preset-local",
     "butterfly",
     "global",
     "grads-v1",
@@ -77,12 +82,14 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     """(what forward runs on, the DSSync or None)."""
     if setting.startswith("ddp"):
         return DDP(model), None
-    every = 16 if setting.startswith("local16") else 1
+    every = 16 if setting.startswith("local16") else 4 if "local" in setting else 1
     schedule = {"butterfly": Butterfly(2), "global": Global()}.get(setting, Shuffle(2, seed=seed))
     kw = dict(schedule=schedule, every=every)
     if setting == "noopt":
         return model, DSSync(model, **kw, average_grads=False)
-    corrected = ("grads-v", "grads-v1", "local16-grads", "butterfly", "global")
+    if setting == "preset-local":
+        return model, DSSync(model, **kw, outer=nesterov())
+    corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "butterfly", "global")
     grads = setting in ("grads", "grads-nomom", *corrected)
     outer = nesterov() if setting == "local16-nest" else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
