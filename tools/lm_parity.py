@@ -18,8 +18,8 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     local16-grads every=16, average_grads=True with the correction (the default for Adam)
     local16-nest  every=16 with outer=nesterov() (DiLoCo's outer step), average_grads=False
     local4-grads  every=4, the default for Adam (optimizer=, average_grads on)
-    preset-local  the `dssync-local` preset as `dssync train` runs it without --average-momentum:
-                  every=4, outer=nesterov(), no optimizer= (parameters only)
+    preset-local  the `dssync-local` preset as `dssync train` runs it with Adam: every=4,
+                  outer=nesterov(), optimizer= (average_grads on)
     butterfly     as grads-v on Butterfly(2) (partners cycle: the exact mean every log2 N steps)
     global        as grads-v on Global() (one group of all ranks: DDP's step, clipping aside)
     grads-v1      as grads-v with the correction's bound before (each step's input to the second
@@ -87,11 +87,10 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     kw = dict(schedule=schedule, every=every)
     if setting == "noopt":
         return model, DSSync(model, **kw, average_grads=False)
-    if setting == "preset-local":
-        return model, DSSync(model, **kw, outer=nesterov())
-    corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "butterfly", "global")
+    corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "preset-local")
+    corrected += ("butterfly", "global")
     grads = setting in ("grads", "grads-nomom", *corrected)
-    outer = nesterov() if setting == "local16-nest" else None
+    outer = nesterov() if setting in ("local16-nest", "preset-local") else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
     if sync.before_step is not None:  # the correction of the second moment: on by default
         sync.before_step.correct_v = setting in corrected
