@@ -20,6 +20,7 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     local4-grads  every=4, the default for Adam (optimizer=, average_grads on)
     preset-local  the `dssync-local` preset as `dssync train` runs it with Adam: every=4,
                   outer=nesterov(), optimizer= (average_grads on)
+    grads-v0      as grads-v without its bound at k/W (only: never below this step's own input)
     butterfly     as grads-v on Butterfly(2) (partners cycle: the exact mean every log2 N steps)
     global        as grads-v on Global() (one group of all ranks: DDP's step, clipping aside)
     grads-v1      as grads-v with the correction's bound before (each step's input to the second
@@ -75,6 +76,7 @@ SETTINGS = (
     "global",
     "grads-v1",
     "ddp-half",
+    "grads-v0",
 )
 
 
@@ -88,13 +90,14 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     if setting == "noopt":
         return model, DSSync(model, **kw, average_grads=False)
     corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "preset-local")
-    corrected += ("butterfly", "global")
+    corrected += ("butterfly", "global", "grads-v0")
     grads = setting in ("grads", "grads-nomom", *corrected)
     outer = nesterov() if setting in ("local16-nest", "preset-local") else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
     if sync.before_step is not None:  # the correction of the second moment: on by default
         sync.before_step.correct_v = setting in corrected
         sync.before_step._bound_each_input = setting == "grads-v1"
+        sync.before_step._floor = setting != "grads-v0"
     if setting == "grads-nomom":
         sync._optimizer_state = list  # the moments stay per rank (a measurement, not an option)
     return model, sync

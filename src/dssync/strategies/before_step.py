@@ -69,6 +69,7 @@ class BeforeStep:
         self.optimizer = optimizer
         self.correct_v = correct_v
         self._bound_each_input = False  # the correction's bound before (measurement only)
+        self._floor = True  # the running average at least k/W of plain (False: measurement only)
         # in the module's order (matched by name, as the optimizer state is), not the optimizer's
         held = (
             params
@@ -152,9 +153,8 @@ class BeforeStep:
                     v.sub_((sq - fed).mul_((1 - b2) / b2))
                     continue
                 plain = v * b2 + sq * (1 - b2)  # Adam's next second moment, uncorrected
-                nxt = torch.maximum(
-                    plain - var * ((1 - b2) * (1 / k - 1 / world)), plain * (k / world)
-                )
+                floor = k / world if self._floor else 0.0
+                nxt = torch.maximum(plain - var * ((1 - b2) * (1 / k - 1 / world)), plain * floor)
                 v.copy_(nxt.sub_(sq * (1 - b2)).div_(b2).clamp_(min=0))
 
     @torch.no_grad()
