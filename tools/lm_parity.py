@@ -38,6 +38,8 @@ One thread per rank. Prints a table and writes a result file with the command, d
         --settings ddp old grads grads-v --out docs/results/lm/parity.json
     PYTHONPATH=src python tools/lm_parity.py --worlds 2 --steps 320 --seeds 0 1 2 --settings \\
         ddp old grads local16 local16-grads local16-nest --out docs/results/lm/parity.json --append
+    PYTHONPATH=src python tools/lm_parity.py --worlds 8 --steps 160 --seeds 0 1 2 \\
+        --settings ddp grads-v --out docs/results/lm/parity.json --append
 """
 
 from __future__ import annotations
