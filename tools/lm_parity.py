@@ -17,6 +17,20 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     local16       every=16, parameters and moments averaged (average_grads=False)
     local16-grads every=16, average_grads=True with the correction (the default for Adam)
     local16-nest  every=16 with outer=nesterov() (DiLoCo's outer step), average_grads=False
+    local4-grads  every=4, the default for Adam (optimizer=, average_grads on)
+    preset-local  the `dssync-local` preset as `dssync train` runs it with Adam: every=4,
+                  outer=nesterov(), optimizer= (average_grads on)
+    grads-v0      as grads-v without its bound at k/W (only: never below this step's own input)
+    butterfly     as grads-v on Butterfly(2) (partners cycle: the exact mean every log2 N steps)
+    global        as grads-v on Global() (one group of all ranks: DDP's step, clipping aside)
+    grads-v1      as grads-v with the correction's bound before (each step's input to the second
+                  moment at least k/W of the squared mean, not the running average)
+    ddp-half      DDP on half of each rank's batch (the gradient noise of a pair's mean at
+                  twice the ranks: what the effective batch alone would cost)
+
+Rows of DSSync settings carry ``consensus``: the mean consensus distance
+(``dssync.consensus_distance``) after every 16th step; every row carries ``clipped``: the
+fraction of steps at which rank 0's clipping scaled a gradient down.
 
 One thread per rank. Prints a table and writes a result file with the command, date and commit:
 
@@ -24,6 +38,8 @@ One thread per rank. Prints a table and writes a result file with the command, d
         --settings ddp old grads grads-v --out docs/results/lm/parity.json
     PYTHONPATH=src python tools/lm_parity.py --worlds 2 --steps 320 --seeds 0 1 2 --settings \\
         ddp old grads local16 local16-grads local16-nest --out docs/results/lm/parity.json --append
+    PYTHONPATH=src python tools/lm_parity.py --worlds 8 --steps 160 --seeds 0 1 2 \\
+        --settings ddp grads-v --out docs/results/lm/parity.json --append
 """
 
 from __future__ import annotations
@@ -39,12 +55,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dssync import DSSync, Shuffle, nesterov
+from dssync import Butterfly, DSSync, Global, Shuffle, consensus_distance, nesterov
 from dssync.lab.cli.output import provenance
 from dssync.lab.launch import spawn
 from dssync.lab.train.lr import LRSchedule
 from dssync.lab.workloads import shard
-from dssync.lab.workloads.lm import LM
+from dssync.lab.workloads.lm import CLIP, LM
 
 SETTINGS = (
     "ddp",
@@ -56,22 +72,34 @@ SETTINGS = (
     "local16",
     "local16-grads",
     "local16-nest",
+    "local4-grads",
+    "preset-local",
+    "butterfly",
+    "global",
+    "grads-v1",
+    "ddp-half",
+    "grads-v0",
 )
 
 
 def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int):
     """(what forward runs on, the DSSync or None)."""
-    if setting == "ddp":
+    if setting.startswith("ddp"):
         return DDP(model), None
-    every = 16 if setting.startswith("local16") else 1
-    kw = dict(schedule=Shuffle(2, seed=seed), every=every)
+    every = 16 if setting.startswith("local16") else 4 if "local" in setting else 1
+    schedule = {"butterfly": Butterfly(2), "global": Global()}.get(setting, Shuffle(2, seed=seed))
+    kw = dict(schedule=schedule, every=every)
     if setting == "noopt":
         return model, DSSync(model, **kw, average_grads=False)
-    grads = setting in ("grads", "grads-nomom", "grads-v", "local16-grads")
-    outer = nesterov() if setting == "local16-nest" else None
+    corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "preset-local")
+    corrected += ("butterfly", "global", "grads-v0")
+    grads = setting in ("grads", "grads-nomom", *corrected)
+    outer = nesterov() if setting in ("local16-nest", "preset-local") else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
     if sync.before_step is not None:  # the correction of the second moment: on by default
-        sync.before_step.correct_v = setting in ("grads-v", "local16-grads")
+        sync.before_step.correct_v = setting in corrected
+        sync.before_step._bound_each_input = setting == "grads-v1"
+        sync.before_step._floor = setting != "grads-v0"
     if setting == "grads-nomom":
         sync._optimizer_state = list  # the moments stay per rank (a measurement, not an option)
     return model, sync
@@ -85,8 +113,17 @@ def train(setting: str, seed: int, steps: int) -> dict:
     local = shard(train_set, rank, world, seed=seed)
     torch.manual_seed(seed)
     model = wl.model()
-    opt = wl.optimizer(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=wl.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    norms: list[float] = []
+
+    def clip(o, args, kwargs):  # the workload's clipping (lm.clip_before_step), its norm kept
+        params = [p for g in o.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
+
+    opt.register_step_pre_hook(clip)  # before DSSync's: each rank clips its own gradient
     fwd, sync = strategy(setting, model, opt, seed)
+    half = wl.batch_size // 2 if setting == "ddp-half" else wl.batch_size
+    distances = []
     rates = LRSchedule(opt, wl.lr_schedule, steps)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     order = torch.cat(
@@ -101,13 +138,15 @@ def train(setting: str, seed: int, steps: int) -> dict:
         if step == probe and setting == "ddp" and rank == 0:  # DDP: replicas equal, no average
             at_70 = wl.evaluate(model, val)["loss"]
         idx = order[step * wl.batch_size : (step + 1) * wl.batch_size].tolist()
-        x, y = (torch.stack(t) for t in zip(*(local[i] for i in idx), strict=True))
+        x, y = (torch.stack(t)[:half] for t in zip(*(local[i] for i in idx), strict=True))
         rates.apply(step)
         wl.loss(fwd, (x, y)).backward()
         opt.step()
         if sync is not None:
             sync.step()
         opt.zero_grad(set_to_none=True)
+        if sync is not None and step % 16 == 15:
+            distances.append(consensus_distance(model))
     if sync is not None:
         sync.average_all()
         sync.close()
@@ -115,6 +154,9 @@ def train(setting: str, seed: int, steps: int) -> dict:
     if rank != 0:
         return {}
     out = {"val_loss": wl.evaluate(model, val)["loss"], "train_s": round(train_s, 1)}
+    out["clipped"] = round(sum(n > CLIP for n in norms) / max(len(norms), 1), 3)
+    if distances:
+        out["consensus"] = float(f"{sum(distances) / len(distances):.3g}")
     return out if at_70 is None else {**out, "val_loss_at_70pct": at_70}
 
 

@@ -115,19 +115,28 @@ class _Pair:
         self.param.grad.fill_(self.mean)
 
 
-@pytest.mark.parametrize("own,mean,fed", [(1.5, 1.0, 0.875), (3.0, 1.0, 0.5)])
-def test_second_moment_is_fed_the_worlds_squared_gradient(own, mean, fed):
+@pytest.mark.parametrize(
+    "first,own,fed",
+    [
+        (1.0, 1.5, 0.875),  # g^2 - var / 4 with var = 2 * 0.5^2
+        (3.0, 2.5, -0.125),  # below zero for one step: the running average stays well above
+        (3.0, 5.0, None),  # the running average bounded at half its uncorrected value
+    ],
+)
+def test_second_moment_is_fed_the_worlds_squared_gradient(first, own, fed):
     # Pair mean g = 1; this rank's own gradient estimates the per-rank variance
-    # (2 * (own - g)^2); Adam's second moment is fed g^2 - var * (1/2 - 1/4), at least g^2 / 2.
+    # (2 * (own - g)^2); Adam's second moment is fed g^2 - var * (1/2 - 1/4), each step's input
+    # unbounded, the running average at least half of what g^2 alone would make it.
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.95))
-    p.grad = torch.ones(1)
+    p.grad = torch.full((1,), first)
     opt.step()  # Adam's state exists from the first step on
     v0 = opt.state[p]["exp_avg_sq"].clone()
-    BeforeStep(_Pair(p, mean), opt)
+    BeforeStep(_Pair(p, 1.0), opt)
     p.grad = torch.full((1,), own)
     opt.step()
-    torch.testing.assert_close(opt.state[p]["exp_avg_sq"], 0.95 * v0 + 0.05 * fed)
+    want = 0.95 * v0 + 0.05 * fed if fed is not None else (0.95 * v0 + 0.05) / 2
+    torch.testing.assert_close(opt.state[p]["exp_avg_sq"], want)
 
 
 def _uneven_adamw(every: int):

@@ -48,9 +48,8 @@ def test_lm_optimizer_is_adamw_and_clips_at_one():
 def test_dssync_train_runs_the_lm_workload_with_adamw_averaged_at_the_step():
     from dssync.lab.train import TrainConfig, run_training
 
-    cfg = TrainConfig(
-        workload="lm", sync="dssync", average_momentum=True, max_steps=6, progress=False
-    )
+    # no --average-momentum: the preset hands DSSync the AdamW (tests/test_methods.py)
+    cfg = TrainConfig(workload="lm", sync="dssync", max_steps=6, progress=False)
     s = run_training(cfg, workers=2)
     assert s["steps"] == 6 and s["metric_name"] == "loss"
     assert math.isfinite(s["final_metric"]) and s["final_metric"] < math.log(256)
