@@ -159,10 +159,11 @@ def _ranks_run(wire: str, steps: int, schedule_name: str):
         model.weight.copy_(
             torch.randn(1, n, generator=torch.Generator().manual_seed(dist.get_rank()))
         )
-    if schedule_name == "shuffle-pieces":  # a pair's buffer in four pieces, two in flight
-        monkeypatch_pieces(CHUNK, 2)
     schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
     sync = DSSync(model, schedule=schedule, wire=wire, broadcast_init=False, timeout_s=30)
+    if schedule_name == "shuffle-pieces":  # a pair's buffer in four pieces, two in flight
+        sync.router.transport.chunk_bytes = 4 * CHUNK  # a piece of one int8 chunk
+        sync.router.transport.window = 2
     for _ in range(steps):
         sync.step()
     return model.weight.detach().reshape(-1).clone(), sync.router.residuals.tensors[0].clone()
@@ -235,13 +236,6 @@ def test_two_stage_int8_on_8_ranks_keeps_the_sum_and_the_mean_within_two_steps()
     half_step = float(stack.abs().max()) / 254
     drift = float((stack.mean(0) - start.mean(0)).abs().max())
     assert drift <= 2 * half_step * 1.01  # one encoding of the messages, one of the mean
-
-
-def monkeypatch_pieces(piece: int, window: int) -> None:
-    """In this worker process only: a pair sends pieces of ``piece`` elements, ``window`` at once."""
-    from dssync.comm import encoded
-
-    encoded.PIECE, encoded.WINDOW = piece, window
 
 
 @pytest.mark.timeout(120)

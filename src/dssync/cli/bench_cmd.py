@@ -10,7 +10,7 @@ import click
 from dssync.bench.cluster_worker import Burn
 from dssync.cli.options import dssync_options
 from dssync.cli.output import console, provenance, write_json
-from dssync.comm.encoded import LARGE_GROUPS
+from dssync.comm.transport import LARGE_GROUPS
 from dssync.experiments.cluster_bench import METHODS, SCENARIOS, BenchSettings, run_bench
 from dssync.methods import for_method, get_method, help_text, split_label
 from dssync.report.bench import bench_plot, bench_table, losses_table, recovery_table

@@ -8,7 +8,7 @@ from dssync.comm.buckets import (
     unpack,
 )
 from dssync.comm.consensus import consensus_distance, fingerprint_check
-from dssync.comm.exchange import average_tensors
+from dssync.comm.transport import average_tensors
 from dssync.comm.groups import GroupCache
 
 __all__ = [
