@@ -8,8 +8,8 @@ from dssync.comm.buckets import (
     unpack,
 )
 from dssync.comm.consensus import consensus_distance, fingerprint_check
-from dssync.comm.transport import average_tensors
 from dssync.comm.groups import GroupCache
+from dssync.comm.transport import average_tensors
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",

@@ -69,8 +69,8 @@ from torch import nn
 
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
-from dssync.comm.transport import average_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.transport import average_tensors
 from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.strategies.base import Strategy, SyncTimer

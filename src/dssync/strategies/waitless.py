@@ -63,8 +63,8 @@ from torch import nn
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
-from dssync.comm.transport import average_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.transport import average_tensors
 from dssync.comm.wait import WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
