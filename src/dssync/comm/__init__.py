@@ -1,4 +1,4 @@
-"""What moves bytes: the averaging core, flat buckets, point-to-point exchange, tags, agreement."""
+"""What moves bytes: the averaging core, the one transport, flat buckets, tags, agreement."""
 
 from dssync.comm.buckets import (
     DEFAULT_BUCKET_BYTES,

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -333,14 +332,15 @@ class _Server:
         try:
             while len(self.done) < self.actives:
                 asked = dist.irecv(head, src=None, group=sync.wire, tag=HEAD)
-                asked.wait(timeout=timedelta(seconds=max(sync.timeout_s, IDLE_S)))
+                wait_for(asked, time.monotonic() + max(sync.timeout_s, IDLE_S), sync.wire)
                 active = asked._source_rank()  # a rank of the wire group: the sync's rank
                 src = sync.ranks[active]
                 self.heard = time.monotonic()
                 if head[0].item() == DONE:
                     self.done.add(active)
                     continue
-                dist.recv(incoming, src, group=sync.wire, tag=DATA)
+                got = dist.irecv(incoming, src, group=sync.wire, tag=DATA)
+                wait_for(got, time.monotonic() + sync.timeout_s, sync.wire)
                 with self.lock:
                     answer.copy_(self.served)
                     if head[2].item() == sync.layout:  # else the active raises SyncError
@@ -357,7 +357,7 @@ class _Server:
         except Exception as e:  # noqa: BLE001 - the training loop raises it at its next step
             self.error = PeerLost(
                 f"rank {sync.rank}'s serving thread lost an active rank ({type(e).__name__}: "
-                f"{e}); rerun with --resume, or raise --timeout",
+                f"{e}); resume from a checkpoint, or raise timeout_s",
                 step=sync.steps,
                 group=list(range(sync.world_size)),
                 ranks=[],
