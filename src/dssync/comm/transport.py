@@ -213,7 +213,9 @@ class Transport:
         device = buffers[0].device if buffers else torch.device("cpu")
         mine = tag.tensor(device, finite)
         tags = {p: torch.empty_like(mine) for p in peers}
-        head = self._post([op for p in peers for op in swap_ops(tags[p], mine, self._global(p))])
+        head = self._post(
+            [op for p in peers for op in swap_ops(tags[p], mine, self._global(p), self.parent)]
+        )
         state: dict[int, tuple] = {}
 
         def cuts(lo: int, hi: int) -> list[tuple[int, int]]:
@@ -246,7 +248,7 @@ class Transport:
             for p in peers:
                 j = group.index(p)
                 for out, into in zip(msgs[j], got[p], strict=True):
-                    ops += swap_ops(into, out, self._global(p))
+                    ops += swap_ops(into, out, self._global(p), self.parent)
             return ops
 
         def reduce(c: int) -> list[dist.P2POp]:
@@ -275,7 +277,7 @@ class Transport:
                 op
                 for p in peers
                 for m, t in zip(msg, into[p], strict=True)
-                for op in swap_ops(t, m, self._global(p))
+                for op in swap_ops(t, m, self._global(p), self.parent)
             ]
 
         units = [list(range(len(pieces)))] if self.batched else [[c] for c in range(len(pieces))]
@@ -325,7 +327,7 @@ class Transport:
         room[n:].view(torch.uint8)[:ROOM_BYTES].copy_(mine.view(torch.uint8))
         recv = self._scratch((1, 0), room)
         recv[n:].zero_()  # a shorter message from a peer of another layout reads as no tag
-        done(self._post(swap_ops(recv, room, self._global(peer))))
+        done(self._post(swap_ops(recv, room, self._global(peer), self.parent)))
         theirs = recv[n:].view(torch.uint8)[:ROOM_BYTES].clone().view(torch.int64)
         verdict = Verdict.of_peers(tag, mine, {peer: theirs}, group, self.rank)
         if verdict.known() is not False:
@@ -386,9 +388,9 @@ def average_tensors(
     members = list(range(group_size))
     tag = Tag(ALL, -1, layout_of(buffers))
     saved = [b.clone() for b in buffers]
-    transport = Transport(group)
-    arrived, verdict = transport.average(
-        buffers, members, tag, timeout_s, collective=group, roll=RollCall(group)
+    pg = group if group is not None else dist.group.WORLD
+    arrived, verdict = Transport(pg).average(
+        buffers, members, tag, timeout_s, collective=pg, roll=RollCall(group)
     )
     if not verdict.ok():  # off the averaging path: read at once
         for b, s in zip(buffers, saved, strict=True):
