@@ -23,7 +23,7 @@ DEMO_RUN := --workload mnist --workload-option hidden=2048 --seeds 2 --methods b
 DEMO_S2 := --cluster s2-inter-rack $(DEMO_RUN)
 DEMO_LOOPBACK := --workers 4 $(DEMO_RUN)
 demo: install
-	@if why=$$($(PY) -c "from dssync.cluster import require_root_and_tools as r; r()" 2>&1); then \
+	@if why=$$($(PY) -c "from dssync.lab.cluster import require_root_and_tools as r; r()" 2>&1); then \
 		$(VENV)/bin/dssync compare $(DEMO_S2) --out reports/demo; \
 	else \
 		echo "demo: on loopback, no bottleneck to relieve: $$(echo "$$why" | tail -1)"; \
@@ -41,8 +41,8 @@ test-all: install
 # What CI runs (.ci/run): lint, every test, the docs, and the wheel in a venv with torch alone.
 ci: lint test-all docs wheel-check
 
-# The documentation site (docs/, mkdocs.yml) into build/site; a broken link or a missing API
-# reference fails it.
+# The documentation site (docs/, mkdocs.yml) into build/site; a broken link or anchor fails it.
+# docs/reference.md is plain markdown written by tools/api_reference.py (tests check it is current).
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 

@@ -10,31 +10,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import dssync
 
 ROOT = Path(dssync.__file__).parent
-# Folders that build on the library: nothing in the library may import them. The emulated
-# cluster is a tool for experiments; the library's own Topology knows nothing of it.
-UPPER = ("dssync.cli", "dssync.experiments", "dssync.bench", "dssync.cluster")
-# Which upper folders each upper folder may use (cli runs experiments, experiments run benches
-# on clusters).
-# Known and being removed by the training-loop restructure; delete each line once it is gone
-# (the tests below fail on a stale entry, so this list can only shrink).
-KNOWN_CYCLES: list[list[str]] = []
-KNOWN_UPWARD: set[str] = {
-    # --sync auto runs the planner's cost model inside the training worker.
-    "dssync.methods -> dssync.plan.auto",
-    "dssync.train.auto -> dssync.plan.auto",
-}
-MAY_USE = {
-    "dssync.cli": UPPER,
-    "dssync.experiments": ("dssync.experiments", "dssync.bench", "dssync.cluster"),
-    "dssync.bench": ("dssync.bench", "dssync.cluster"),
-    "dssync.cluster": ("dssync.cluster",),
-    "dssync.plan": ("dssync.bench", "dssync.cluster"),  # plans from cluster specs and link bounds
-}
 
 
 def module_name(path: Path) -> str:
@@ -112,8 +90,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_graph_is_read():
-    assert {"dssync.strategies", "dssync.errors"} <= GRAPH["dssync.methods"]
-    assert "dssync.cluster.shell" in GRAPH["dssync.cluster.netns"]
+    assert {"dssync.strategies", "dssync.errors"} <= GRAPH["dssync.lab.methods"]
+    assert "dssync.lab.cluster.shell" in GRAPH["dssync.lab.cluster.netns"]
 
 
 def test_cycles_are_found():
@@ -122,34 +100,13 @@ def test_cycles_are_found():
 
 
 def test_no_import_cycles():
-    found = [c for c in cycles(GRAPH) if c not in KNOWN_CYCLES]
-    assert found == []
-    stale = [c for c in KNOWN_CYCLES if c not in cycles(GRAPH)]
-    assert stale == [], "these cycles are gone: remove them from KNOWN_CYCLES"
+    assert cycles(GRAPH) == []
 
 
-@pytest.mark.parametrize("upper", UPPER)
-def test_lower_layers_never_import_upper_ones(upper):
-    wrong = {
-        f"{m} -> {t}"
-        for m, ts in GRAPH.items()
-        for t in ts
-        if (t == upper or t.startswith(upper + "."))
-        and upper not in MAY_USE.get(_folder(m), ())
-        and m != "dssync.__main__"
-    }
-    assert sorted(wrong - KNOWN_UPWARD) == []
-    stale = sorted(
-        k
-        for k in KNOWN_UPWARD
-        if k.endswith(f"-> {upper}") or f"-> {upper}." in k
-        if k not in wrong
-    )
-    assert stale == [], "these imports are gone: remove them from KNOWN_UPWARD"
-
-
-# The README's layout, lowest first: each imports only from those before it.
-LAYERS = [
+# docs/design.md's layers, lowest first: each imports only from those before it. The library
+# (what `import dssync` and a training script use; torch alone) comes first, then the lab, which
+# nothing in the library imports.
+LIBRARY = [
     "errors",
     "hashing",
     "saving",
@@ -158,34 +115,55 @@ LAYERS = [
     "testing",
     "topology",
     "strategies",
-    "methods",
     "lightning",
     "accelerate",
-    "workloads",
+    "elastic",
+]
+LAB = [
     "launch",
-    "train",
     "cluster",
-    "bench",
+    "workloads",
     "plan",
+    "config",
+    "baselines",
+    "methods",
+    "train",
+    "bench",
     "experiments",
     "report",
     "cli",
 ]
-TYPE_ONLY = {"dssync.methods -> dssync.train.config"}  # TrainConfig named in annotations only
+LAYERS = [f"dssync.{n}" for n in LIBRARY] + [f"dssync.lab.{n}" for n in LAB]
+
+
+def _folder(module: str) -> str:
+    """The layer ``module`` belongs to: ``dssync.comm.exchange`` -> ``dssync.comm``,
+    ``dssync.lab.train.loop`` -> ``dssync.lab.train``."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if parts[1:2] == ["lab"] else parts[:2])
 
 
 def test_each_layer_imports_only_the_ones_below_it():
-    rank = {f"dssync.{name}": i for i, name in enumerate(LAYERS)}
-    wrong = {
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    wrong = sorted(
         f"{m} -> {t}"
         for m, ts in GRAPH.items()
         for t in ts
         if _folder(m) in rank and _folder(t) in rank and rank[_folder(t)] > rank[_folder(m)]
-    }
-    assert sorted(wrong - TYPE_ONLY - KNOWN_UPWARD) == []
-    unplaced = {_folder(m) for m in MODULES} - set(rank) - {"dssync", "dssync.__main__"}
-    assert not unplaced, "add these folders to LAYERS and to the README's layout section"
+    )
+    assert wrong == []
+    unplaced = {_folder(m) for m in MODULES} - set(rank)
+    unplaced -= {"dssync", "dssync.__main__", "dssync.lab"}
+    assert not unplaced, "add these folders to LAYERS and to docs/design.md's layers"
 
 
-def _folder(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+def test_the_library_never_imports_the_lab():
+    library = [m for m in GRAPH if not m.startswith("dssync.lab") and m != "dssync.__main__"]
+    wrong = sorted(f"{m} -> {t}" for m in library for t in GRAPH[m] if t.startswith("dssync.lab"))
+    assert wrong == []
+
+
+def test_the_layer_test_catches_an_upward_import():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    assert rank[_folder("dssync.lab.train.loop")] > rank[_folder("dssync.strategies.dssync")]
+    assert rank[_folder("dssync.comm.exchange")] < rank[_folder("dssync.lab.cli.output")]

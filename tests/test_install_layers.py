@@ -2,7 +2,7 @@
 
 Each check runs a fresh interpreter, imports what a training script uses, and looks at
 ``sys.modules``: none of the lab extra (the CLI's click and rich, tqdm, matplotlib, scikit-learn,
-mlxtend) and none of dssync's lab folders may have been loaded. torch itself loads tqdm when it is
+mlxtend) and nothing of `dssync.lab` may have been loaded. torch itself loads tqdm when it is
 installed (``torch.hub``), so what counts is what the import adds after ``import torch``.
 """
 
@@ -15,7 +15,6 @@ import sys
 import pytest
 
 LAB_PACKAGES = {"click", "rich", "tqdm", "matplotlib", "sklearn", "mlxtend"}
-LAB_FOLDERS = {"cli", "workloads", "cluster", "bench", "experiments", "report", "plan", "train"}
 LIBRARY = [
     "dssync",
     "dssync.schedules",
@@ -23,7 +22,7 @@ LIBRARY = [
     "dssync.strategies",
     "dssync.topology",
     "dssync.errors",
-    "dssync.launch",
+    "dssync.saving",
 ]
 
 PROBE = """
@@ -45,16 +44,18 @@ def added_modules(modules: list[str], before: tuple[str, ...] = ("torch", "numpy
 
 
 def offenders(added: set[str]) -> set[str]:
-    """The lab packages and dssync lab folders among ``added``."""
+    """The lab's packages among ``added``, and ``dssync.lab`` if any of it was loaded."""
     top = {m.split(".")[0] for m in added}
-    folders = {m.split(".")[1] for m in added if m.startswith("dssync.") and m.count(".") >= 1}
-    return (top & LAB_PACKAGES) | {f"dssync.{f}" for f in folders & LAB_FOLDERS}
+    lab = {"dssync.lab"} if any(m.split(".")[:2] == ["dssync", "lab"] for m in added) else set()
+    return (top & LAB_PACKAGES) | lab
 
 
 def test_the_library_imports_nothing_from_the_lab():
     added = added_modules(LIBRARY)
     assert "dssync.strategies" in added  # the probe saw the imports
     assert not offenders(added), f"the library loaded {sorted(offenders(added))}"
+    # the elastic extra (torchft) is imported by `import dssync.elastic` only
+    assert not {m for m in added if m.split(".")[0] == "torchft" or m == "dssync.elastic"}
 
 
 @pytest.mark.parametrize("door", ["lightning", "accelerate"])
@@ -66,7 +67,7 @@ def test_a_door_adds_nothing_from_the_lab_beyond_its_framework(door):
 
 
 def test_the_probe_would_see_a_lab_import():
-    assert offenders(added_modules(["dssync.cli"])) >= {"click", "dssync.cli"}
+    assert offenders(added_modules(["dssync.lab.cli"])) >= {"click", "dssync.lab"}
 
 
 def test_the_command_without_the_lab_extra_says_what_to_install(monkeypatch, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 
 def _rank_and_pid():
@@ -54,10 +54,10 @@ def test_timeout_kills_every_rank(tmp_path):
 
 
 def test_workers_on_one_machine_share_its_cores_and_get_at_least_one_thread():
-    from dssync.cluster.names import ClusterNames
-    from dssync.cluster.spec import ClusterSpec
-    from dssync.cluster.torchrun import host_env
-    from dssync.launch import core_share
+    from dssync.lab.cluster.names import ClusterNames
+    from dssync.lab.cluster.spec import ClusterSpec
+    from dssync.lab.cluster.torchrun import host_env
+    from dssync.lab.launch import core_share
 
     assert core_share(8, cores=2) == 1 and core_share(2, cores=16) == 8
     assert core_share(3, cores=16) == 5 and core_share(0, cores=4) == 4
@@ -71,6 +71,6 @@ def _threads() -> int:
 
 
 def test_spawned_workers_compute_with_their_share_of_the_cores():
-    from dssync.launch import core_share
+    from dssync.lab.launch import core_share
 
     assert spawn(_threads, 2, timeout_s=60) == [core_share(2)] * 2

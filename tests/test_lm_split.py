@@ -5,7 +5,7 @@ Quick (no model); the training tests are in tests/workloads/test_lm.py (slow tie
 
 from __future__ import annotations
 
-from dssync.workloads.lm import HOLD_OUT, split_files, stdlib_files, windows
+from dssync.lab.workloads.lm import HOLD_OUT, split_files, stdlib_files, windows
 
 
 def test_split_is_by_file_and_deterministic():

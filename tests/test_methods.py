@@ -7,8 +7,11 @@ import torch
 from torch import nn
 
 from dssync.errors import UsageError
-from dssync.launch import spawn
-from dssync.methods import (
+from dssync.lab.baselines import BSP, Hierarchical, LocalSGD
+from dssync.lab.baselines.ps import ParameterServer
+from dssync.lab.config import TrainConfig
+from dssync.lab.launch import spawn
+from dssync.lab.methods import (
     METHODS,
     build_strategy,
     choices,
@@ -18,10 +21,8 @@ from dssync.methods import (
     parse_methods,
 )
 from dssync.schedules import Shuffle, Static
-from dssync.strategies import BSP, DSSync, Hierarchical, LocalSGD
-from dssync.strategies.ps import ParameterServer
+from dssync.strategies import DSSync
 from dssync.topology import Topology
-from dssync.train.config import TrainConfig
 
 
 def test_every_name_resolves_and_aliases_keep_old_names():
@@ -111,7 +112,7 @@ def test_builders_build_the_named_strategy_with_the_config():
     ],
 )
 def test_every_command_reports_an_unknown_method_the_same_way(args, capsys):
-    from dssync.cli import main
+    from dssync.lab.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(args)
@@ -121,7 +122,7 @@ def test_every_command_reports_an_unknown_method_the_same_way(args, capsys):
 
 
 def test_a_preset_fills_its_options_and_the_user_overrides_them():
-    from dssync.methods import configure
+    from dssync.lab.methods import configure
 
     topo = configure(TrainConfig(sync="dssync-topo"))
     assert (topo.every, topo.replan, topo.overlap, topo.outer) == (1, 8, False, "none")
@@ -145,7 +146,7 @@ def _built_with_wire():
 
 
 def configure_cfg(cfg: TrainConfig) -> TrainConfig:
-    from dssync.methods import configure
+    from dssync.lab.methods import configure
 
     return configure(cfg)
 
@@ -162,7 +163,7 @@ def test_wire_and_fragments_reach_every_ds_sync_preset_and_no_other():
 
 def test_an_option_the_method_does_not_take_is_refused_naming_who_does():
     from dssync.errors import UsageError
-    from dssync.methods import configure
+    from dssync.lab.methods import configure
 
     with pytest.raises(UsageError, match="bsp does not take --every.*local-sgd") as e:
         configure(TrainConfig(sync="bsp", every=4))
@@ -173,12 +174,12 @@ def test_an_option_the_method_does_not_take_is_refused_naming_who_does():
 
 def test_every_default_list_of_methods_names_methods_of_the_table():
     """The commands' default subsets are names from the one table (plan.cost's are model labels)."""
-    from dssync.experiments.cluster_bench import BLOCKING
-    from dssync.experiments.cluster_bench import METHODS as BENCH
-    from dssync.experiments.straggler import DEFAULT_METHODS as STRAGGLER
-    from dssync.methods import DEFAULT_METHODS, get_method
-    from dssync.plan.local import METHODS as LOCAL
-    from dssync.plan.validate import BENCH_METHODS
+    from dssync.lab.experiments.cluster_bench import BLOCKING
+    from dssync.lab.experiments.cluster_bench import METHODS as BENCH
+    from dssync.lab.experiments.straggler import DEFAULT_METHODS as STRAGGLER
+    from dssync.lab.methods import DEFAULT_METHODS, get_method
+    from dssync.lab.plan.local import METHODS as LOCAL
+    from dssync.lab.plan.validate import BENCH_METHODS
 
     for name in (*BENCH, *STRAGGLER, *DEFAULT_METHODS, *LOCAL, *BENCH_METHODS, *BLOCKING):
         get_method(name)  # raises UsageError for a name the table does not know
@@ -188,7 +189,7 @@ def test_every_default_list_of_methods_names_methods_of_the_table():
 
 
 def test_auto_passes_the_options_given_to_the_method_it_chooses():
-    from dssync.methods import configure, for_method
+    from dssync.lab.methods import configure, for_method
 
     given = configure(TrainConfig(sync="auto", every=4))
     assert (given.every, given.replan) == (4, None)  # nothing filled before the choice
@@ -198,7 +199,7 @@ def test_auto_passes_the_options_given_to_the_method_it_chooses():
 
 
 def test_a_label_sets_options_of_one_method_and_bad_labels_name_the_fix():
-    from dssync.methods import for_method, parse_methods, split_label
+    from dssync.lab.methods import for_method, parse_methods, split_label
 
     assert split_label("diloco:every=16:outer-lr=0.5") == ("diloco", {"every": 16, "outer_lr": 0.5})
     cfg = for_method(TrainConfig(every=2), "dssync-topo-local:wire=int8:every=16")

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import dssync
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def test_a_round_trip_gives_back_the_state(tmp_path):

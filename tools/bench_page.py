@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from dssync.bench.bounds import lower_bound
-from dssync.cluster import load_cluster
-from dssync.experiments.cluster_bench import bound_bytes, compressed
-from dssync.methods import LABEL_SEP, get_method
-from dssync.report.summary import fmt
+from dssync.lab.bench.bounds import lower_bound
+from dssync.lab.cluster import load_cluster
+from dssync.lab.experiments.cluster_bench import bound_bytes, compressed
+from dssync.lab.methods import LABEL_SEP, get_method
+from dssync.lab.report.summary import fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "bench"
@@ -38,7 +38,7 @@ def fp32_twin(label: str, methods: dict) -> str | None:
 
 
 def bound(scenario: str, method: str, r: dict, settings: dict) -> float | None:
-    """The method's link-rate bound as :mod:`dssync.bench.bounds` computes it now (a model, not
+    """The method's link-rate bound as :mod:`dssync.lab.bench.bounds` computes it now (a model, not
     a measurement: a result file keeps the one its run computed, ``lower_bound_s``), for the
     algorithm the run used: a run whose settings do not say ``"encoded": "two-stage"`` gathered
     whole compressed messages in a global average, k/2 times the bytes of a ring."""
@@ -161,7 +161,7 @@ def page(found: dict[str, dict], costs: dict[str, dict] | None = None) -> str:
         "synchronization. *MB per iteration* is what crossed the busiest link (read from the "
         "links' byte counters), *bytes vs fp32* the same over the run that differs only by "
         "sending fp32, and the *link-rate bound* the time the links' rates allow the method's "
-        "plan at best, as `dssync.bench.bounds` computes it (blank where it is not worked out). The byte counters cover the whole run "
+        "plan at best, as `dssync.lab.bench.bounds` computes it (blank where it is not worked out). The byte counters cover the whole run "
         "unless a table says they count from the end of the warm-up; over the whole run the "
         "topology-aware presets' rows include their start-up link probe, a fixed share that "
         "neither the bound nor the wire format changes. Time to a target accuracy, which also "

@@ -106,8 +106,8 @@ def line(kind: str, seconds: list[float]) -> str:
 
 
 def main() -> None:
-    from dssync.cluster import Cluster
-    from dssync.cluster.spec import load_cluster
+    from dssync.lab.cluster import Cluster
+    from dssync.lab.cluster.spec import load_cluster
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=6)

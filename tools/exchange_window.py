@@ -2,7 +2,7 @@
 window (chunks of a pair in their first phase at once) set per run: how DEFAULT_WINDOW was
 chosen (docs/history.md, 2026-12-05).
 
-Runs ``dssync.bench.sync_cost.measure`` (what ``dssync bench-sync`` runs) on loopback with each
+Runs ``dssync.lab.bench.sync_cost.measure`` (what ``dssync bench-sync`` runs) on loopback with each
 setting, and prints the median per-step ratio and its quartiles.
 
     .venv/bin/python tools/exchange_window.py --params 16000000 --steps 30 \\
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from dssync.bench import sync_cost
-from dssync.launch import spawn
+from dssync.lab.bench import sync_cost
+from dssync.lab.launch import spawn
 from dssync.strategies import DSSync
 
 

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0, help="busy processes alongside")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from dssync.launch import free_port, run_contained
+    from dssync.lab.launch import free_port, run_contained
 
     env = {**os.environ, "PYTHONPATH": args.src}
     names = EXAMPLES if args.example == "both" else (args.example,)

@@ -56,7 +56,7 @@ def run(cmd: list[str], timeout: float, cwd: Path | None = None) -> subprocess.C
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
     }
-    from dssync.launch import run_contained  # src/ is on this script's path (see main)
+    from dssync.lab.launch import run_contained  # src/ is on this script's path (see main)
 
     try:
         return run_contained(cmd, timeout, env=env, cwd=cwd)
@@ -167,7 +167,7 @@ def _refused_on_gloo() -> str:
 def check_gloo_cuda() -> str:
     import torch.multiprocessing  # noqa: F401 - spawn needs it importable in the children
 
-    from dssync.launch import spawn
+    from dssync.lab.launch import spawn
 
     said = spawn(_refused_on_gloo, 2, timeout_s=150, collective_timeout_s=60, backend="gloo")
     if not all("nccl" in s and "set_device" in s for s in said):
@@ -176,7 +176,7 @@ def check_gloo_cuda() -> str:
 
 
 def check_int8_cuda(ranks: int = 2, device_type: str = "cpu") -> str:
-    from dssync.launch import spawn
+    from dssync.lab.launch import spawn
 
     r = spawn(
         _ranks_on_one_gpu, ranks, args=("int8", device_type), timeout_s=150,

@@ -40,11 +40,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dssync import DSSync, Shuffle, nesterov
-from dssync.cli.output import provenance
-from dssync.launch import spawn
-from dssync.train.lr import LRSchedule
-from dssync.workloads import shard
-from dssync.workloads.lm import LM
+from dssync.lab.cli.output import provenance
+from dssync.lab.launch import spawn
+from dssync.lab.train.lr import LRSchedule
+from dssync.lab.workloads import shard
+from dssync.lab.workloads.lm import LM
 
 SETTINGS = (
     "ddp",

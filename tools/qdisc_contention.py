@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 
-from dssync.cluster import Cluster, parse_cluster
-from dssync.cluster.shell import sh
+from dssync.lab.cluster import Cluster, parse_cluster
+from dssync.lab.cluster.shell import sh
 
 SPEC = """
 [cluster]
@@ -95,7 +95,7 @@ def in_host(cluster: Cluster, host: int, code: str, *args: object) -> list[str]:
 def set_queue(cluster: Cluster, rate: float, latency_ms: int, child: str | None) -> None:
     """tbf on both ends of every uplink with a queue of ``latency_ms`` at ``rate``; ``child``
     (e.g. ``fq_codel``) replaces tbf's own tail-drop queue where the kernel has it."""
-    from dssync.cluster.shaping import tbf_args
+    from dssync.lab.cluster.shaping import tbf_args
 
     args = tbf_args(rate)
     args[args.index("latency") + 1] = f"{latency_ms}ms"

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from dssync.report.summary import CONTROL, fmt
+from dssync.lab.report.summary import CONTROL, fmt
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"

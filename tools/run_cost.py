@@ -21,8 +21,8 @@ from pathlib import Path
 WORKER = """
 import json, os, sys, time
 t0 = time.time()
-from dssync.train.config import TrainConfig
-from dssync.train.run import run_training
+from dssync.lab.config import TrainConfig
+from dssync.lab.train.run import run_training
 t1 = time.time()
 cfg = TrainConfig(**json.load(open(sys.argv[1])))
 rank = int(os.environ.get("RANK", 0))
@@ -38,15 +38,15 @@ if profile is not None:
     profile.dump_stats(os.path.join(sys.argv[2], "rank0.prof"))
 with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
     json.dump({"start": t0, "imported": t1, "trained": t2, "end": time.time()}, f)
-from dssync.launch import exit_quietly
+from dssync.lab.launch import exit_quietly
 exit_quietly(0)
 """
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dssync.cluster import Cluster, load_cluster
-    from dssync.methods import for_method
-    from dssync.train.config import TrainConfig
+    from dssync.lab.cluster import Cluster, load_cluster
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.methods import for_method
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="s2-inter-rack")

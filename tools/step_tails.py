@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from dssync.methods import OPTIONS, get_method, split_label
+from dssync.lab.methods import OPTIONS, get_method, split_label
 
 WARMUP = 3
 

@@ -38,34 +38,23 @@ from dssync.schedules import (
     plan_topology_aware,
     spectral_gap,
 )
-from dssync.strategies import (
-    BSP,
-    AsyncDSSync,
-    DSSync,
-    Hierarchical,
-    LocalSGD,
-    Strategy,
-    nesterov,
-)
+from dssync.strategies import AsyncDSSync, DSSync, Options, nesterov
 from dssync.topology import detect
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BSP",
     "AsyncDSSync",
     "Butterfly",
     "DSSync",
     "DSSyncError",
     "Global",
     "GroupAverager",
-    "Hierarchical",
-    "LocalSGD",
+    "Options",
     "PeerLost",
     "Schedule",
     "Shuffle",
     "Static",
-    "Strategy",
     "SyncError",
     "TopologyAware",
     "UsageError",

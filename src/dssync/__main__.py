@@ -23,7 +23,7 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    from dssync.cli import main as cli_main
+    from dssync.lab.cli import main as cli_main
 
     cli_main()
 

@@ -17,8 +17,7 @@ from torch import nn
 
 from dssync import DSSync, Schedule
 from dssync.errors import UsageError
-from dssync.strategies.outer import OuterFactory
-from dssync.topology import Topology
+from dssync.strategies.options import Options, options_of
 
 _SHARDED = {
     DistributedType.DEEPSPEED,
@@ -37,9 +36,9 @@ class DSSyncLocal:
         schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
         enabled: ``False`` leaves DDP as it is and makes :meth:`step` do nothing.
-        topology, replan, overlap, every, outer, wire, fragments: :class:`dssync.DSSync`'s
-            options, the same names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo
-            in the groups).
+        options: a :class:`dssync.Options` (default: all defaults).
+        **settings: any field of :class:`dssync.Options`, the same names and meaning as
+            ``DSSync``'s (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups).
 
     Example (``torchrun --nproc-per-node 2 train.py``; ``Accelerator(cpu=True)`` on CPUs)::
 
@@ -61,13 +60,8 @@ class DSSyncLocal:
         optimizer: torch.optim.Optimizer | None = None,
         enabled: bool = True,
         *,
-        topology: Topology | None = None,
-        replan: int = 0,
-        overlap: bool = False,
-        every: int = 1,
-        outer: OuterFactory | None = None,
-        wire: str = "fp32",
-        fragments: int = 1,
+        options: Options | None = None,
+        **settings: Any,
     ) -> None:
         if accelerator.distributed_type in _SHARDED:
             raise UsageError(
@@ -81,6 +75,7 @@ class DSSyncLocal:
                 "pass one such as dssync.Shuffle(2, seed=0)"
             )
         self.accelerator = accelerator
+        self.options = options_of(options, settings)  # a wrong name is refused even when disabled
         self.model = model
         self.enabled = enabled and accelerator.num_processes > 1
         self.sync: DSSync | None = None
@@ -90,13 +85,7 @@ class DSSyncLocal:
                 accelerator.unwrap_model(model),
                 schedule=schedule,
                 optimizer=inner,
-                topology=topology,
-                replan=replan,
-                overlap=overlap,
-                every=every,
-                outer=outer,
-                wire=wire,
-                fragments=fragments,
+                options=self.options,
             )
         self._no_sync: AbstractContextManager | None = None
 

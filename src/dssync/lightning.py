@@ -22,8 +22,7 @@ from torch.optim import Optimizer
 
 from dssync import DSSync, Schedule
 from dssync.errors import UsageError
-from dssync.strategies.outer import OuterFactory
-from dssync.topology import Topology
+from dssync.strategies.options import Options, options_of
 
 
 class DSSyncStrategy(DDPStrategy):
@@ -33,14 +32,14 @@ class DSSyncStrategy(DDPStrategy):
 
     Args:
         schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
-        average_buffers: also average floating buffers such as batch-norm statistics.
         average_optimizer_state: also average the optimizer's floating state (momentum, Adam
             moments); needs exactly one optimizer. Checkpoints then resume every rank exactly.
-        topology, replan, overlap, every, outer, wire, fragments: :class:`dssync.DSSync`'s
-            options, the same names and meaning (``every=4, outer=dssync.nesterov()``: DiLoCo
-            in the groups; ``wire="int8"``: compressed exchanges).
-        **kwargs: DDPStrategy's own settings (``process_group_backend``, ``timeout``,
-            ``start_method``, ...); DistributedDataParallel's options are refused.
+        options: a :class:`dssync.Options` (default: all defaults).
+        **kwargs: any field of :class:`dssync.Options`, the same names and meaning as
+            ``DSSync``'s (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups;
+            ``wire="int8"``: compressed exchanges), and DDPStrategy's own settings
+            (``process_group_backend``, ``timeout``, ``start_method``, ...);
+            DistributedDataParallel's options are refused.
 
     Example (``python train.py`` starts both ranks)::
 
@@ -61,16 +60,9 @@ class DSSyncStrategy(DDPStrategy):
     def __init__(
         self,
         schedule: Schedule | None = None,
-        average_buffers: bool = True,
         average_optimizer_state: bool = False,
         *,
-        topology: Topology | None = None,
-        replan: int = 0,
-        overlap: bool = False,
-        every: int = 1,
-        outer: OuterFactory | None = None,
-        wire: str = "fp32",
-        fragments: int = 1,
+        options: Options | None = None,
         **kwargs: Any,
     ) -> None:
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -78,6 +70,8 @@ class DSSyncStrategy(DDPStrategy):
                 f"schedule={schedule!r} is not a dssync schedule; "
                 "pass one such as dssync.Shuffle(2, seed=0)"
             )
+        settings, kwargs = Options.split(kwargs)
+        self.options = options_of(options, settings)
         super().__init__(**kwargs)
         given = sorted(
             k for k, v in kwargs.items() if k not in _DDP_STRATEGY_ARGS and v is not None
@@ -88,16 +82,6 @@ class DSSyncStrategy(DDPStrategy):
                 f"nothing: {', '.join(given)}; drop them, or use DDPStrategy"
             )
         self.schedule = schedule
-        self.options = {
-            "topology": topology,
-            "replan": replan,
-            "overlap": overlap,
-            "every": every,
-            "outer": outer,
-            "wire": wire,
-            "fragments": fragments,
-        }
-        self.average_buffers = average_buffers
         self.average_optimizer_state = average_optimizer_state
         self.sync: DSSync | None = None
         self._state: dict[str, Any] | None = None  # the last fit's DS-Sync state
@@ -123,10 +107,10 @@ class DSSyncStrategy(DDPStrategy):
         self.sync = DSSync(
             self.lightning_module,
             schedule=self.schedule,
-            average_buffers=self.average_buffers,
             optimizer=optimizer,
-            timeout_s=timeout_s,
-            **self.options,
+            options=self.options
+            if timeout_s is None
+            else self.options.replace(timeout_s=timeout_s),
         )
         if self._resume is not None:
             if "dssync" in self._resume:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.bench.bounds import lower_bound
-from dssync.cluster import load_cluster
-from dssync.experiments.cluster_bench import wire_share
+from dssync.lab.bench.bounds import lower_bound
+from dssync.lab.cluster import load_cluster
+from dssync.lab.experiments.cluster_bench import wire_share
 
 
 def test_the_share_on_the_wire_is_bytes_over_fp32_over_every_and_fragments():

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from dssync.bench.bounds import lower_bound
-from dssync.bench.cluster_worker import device_for
-from dssync.bench.timings import percentile, recovery, settle, summarize
-from dssync.cli import main
-from dssync.cluster import ClusterError, load_cluster, require_root_and_tools
-from dssync.experiments.cluster_bench import per_step_floor
-from dssync.report.bench import bench_table, losses_table, recovery_table
+from dssync.lab.bench.bounds import lower_bound
+from dssync.lab.bench.cluster_worker import device_for
+from dssync.lab.bench.timings import percentile, recovery, settle, summarize
+from dssync.lab.cli import main
+from dssync.lab.cluster import ClusterError, load_cluster, require_root_and_tools
+from dssync.lab.experiments.cluster_bench import per_step_floor
+from dssync.lab.report.bench import bench_table, losses_table, recovery_table
 
 
 def _root_reason() -> str | None:
@@ -252,7 +252,7 @@ def test_bench_tables_fit_80_columns():
 def test_a_failed_run_is_kept_aside_and_the_bench_goes_on(monkeypatch):
     from contextlib import nullcontext
 
-    from dssync.experiments import cluster_bench
+    from dssync.lab.experiments import cluster_bench
 
     spec = load_cluster("tiny")
 
@@ -281,7 +281,7 @@ def test_a_failed_run_is_kept_aside_and_the_bench_goes_on(monkeypatch):
 
 
 def test_bench_refuses_an_option_a_method_does_not_take_before_any_cluster(capsys, monkeypatch):
-    from dssync.experiments import cluster_bench
+    from dssync.lab.experiments import cluster_bench
 
     monkeypatch.setattr(cluster_bench, "Cluster", lambda spec: pytest.fail("a cluster was built"))
     with pytest.raises(SystemExit) as exit_:
@@ -291,8 +291,8 @@ def test_bench_refuses_an_option_a_method_does_not_take_before_any_cluster(capsy
 
 
 def test_the_bound_of_a_compressed_global_average_goes_all_to_all():
-    from dssync.bench.bounds import all_to_all, link_loads, ring_allreduce
-    from dssync.experiments.cluster_bench import bound_bytes
+    from dssync.lab.bench.bounds import all_to_all, link_loads, ring_allreduce
+    from dssync.lab.experiments.cluster_bench import bound_bytes
 
     m, s2 = 4_000_000, load_cluster("s2-inter-rack")
     fp32 = bound_bytes({"every": 1}, m)

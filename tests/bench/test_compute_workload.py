@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from dssync.bench.cluster_worker import Burn
-from dssync.report.bench import bench_table
+from dssync.lab.bench.cluster_worker import Burn
+from dssync.lab.report.bench import bench_table
 
 
 def test_burn_takes_about_the_time_asked():

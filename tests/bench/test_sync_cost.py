@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dssync.bench.sync_cost import measure
-from dssync.launch import spawn
+from dssync.lab.bench.sync_cost import measure
+from dssync.lab.launch import spawn
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
 from procs import run  # noqa: E402  (a session of its own: killed whole on timeout)
@@ -75,7 +75,7 @@ def test_cli_prints_and_writes_json(tmp_path):
 
 
 def test_scale_makes_no_group_after_step1_while_the_old_path_does():
-    from dssync.bench.sync_cost import measure_scale
+    from dssync.lab.bench.sync_cost import measure_scale
 
     r = spawn(measure_scale, 4, args=(2_000, 12), timeout_s=180)[0]
     assert r["new_groups_after_step1"] == 0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cli.errors import kind, report
 from dssync.errors import PeerLost, SyncError, UsageError
-from dssync.launch import WorkerError, spawn
-from dssync.train.checkpoint import CheckpointDamaged
+from dssync.lab.cli.errors import kind, report
+from dssync.lab.launch import WorkerError, spawn
+from dssync.lab.train.checkpoint import CheckpointDamaged
 
 
 class OddInput(UsageError):
@@ -62,3 +62,13 @@ def test_exit_codes_and_what_is_printed(capsys):
     died = WorkerError(1, "process exited with code 3", (), "died (exit code 3)")
     assert report(died) == 1
     assert capsys.readouterr().err == "error: worker rank 1 failed: died (exit code 3)\n"
+
+
+def test_library_arguments_read_as_the_flags_that_set_them():
+    from dssync.lab.cli.errors import as_flags
+
+    assert as_flags("every=0 must be >= 1; try 1 or 4") == "--every=0 must be >= 1; try 1 or 4"
+    assert as_flags("pass the same wire= on every rank") == "pass the same --wire on every rank"
+    assert as_flags("or raise timeout_s") == "or raise --timeout"
+    assert as_flags("(outer=, overlap=, replan=)") == "(--outer, --overlap, --replan)"
+    assert as_flags("every rank, the schedule") == "every rank, the schedule"  # plain words

@@ -1,7 +1,7 @@
 """Every way a user can hand `dssync` bad input: exit code 2, one line naming problem and fix,
 no traceback, and nothing already on disk damaged (an existing --json file, existing checkpoints).
 
-Each case runs in-process through the CLI's own entry point (``dssync.cli.main``, what the
+Each case runs in-process through the CLI's own entry point (``dssync.lab.cli.main``, what the
 console script calls), so click's validation is checked without starting an interpreter per
 case; a few cases also run as a real process (``python -m dssync``), where the exit code and
 stderr are the operating system's."""
@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dssync.cli import main
-from dssync.launch import run_contained
-from dssync.train.checkpoint import write_checkpoint
+from dssync.lab.cli import main
+from dssync.lab.launch import run_contained
+from dssync.lab.train.checkpoint import write_checkpoint
 
 TRAIN = ["train", "--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
 GOOD_HEADER = {

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-import dssync.cli.compare_cmd as compare_cmd
-import dssync.cli.train_cmd as train_cmd
-from dssync.cli import cli
+import dssync.lab.cli.compare_cmd as compare_cmd
+import dssync.lab.cli.train_cmd as train_cmd
 from dssync.errors import UsageError
-from dssync.methods import DEFAULT_METHODS, method_names
-from dssync.train import TrainConfig
-from dssync.workloads import WORKLOADS
+from dssync.lab.cli import cli
+from dssync.lab.methods import DEFAULT_METHODS, method_names
+from dssync.lab.train import TrainConfig
+from dssync.lab.workloads import WORKLOADS
 
 
 class Stop(Exception):
@@ -185,7 +185,7 @@ def test_auto_with_overlap_needs_replan_0(seen):
 def test_runs_in_one_launch_must_share_the_device_and_timeout():
     from dataclasses import replace
 
-    from dssync.train.run import train_series
+    from dssync.lab.train.run import train_series
 
     cfg = TrainConfig(workload="digits", progress=False)
     with pytest.raises(UsageError, match="timeout_s=120.0; a later run has 30"):

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dssync.cli.output import console, training_table
-from dssync.cli.plan_cmd import TABLE_TOPOLOGIES
-from dssync.cli.straggler_cmd import straggler_table
-from dssync.methods import method_names
-from dssync.plan.clusters import cluster_for
-from dssync.plan.tables import make_plan, plan_table, scale_table
-from dssync.plan.validate import validate_table
-from dssync.report.summary import summarize, summary_table
+from dssync.lab.cli.output import console, training_table
+from dssync.lab.cli.plan_cmd import TABLE_TOPOLOGIES
+from dssync.lab.cli.straggler_cmd import straggler_table
+from dssync.lab.methods import method_names
+from dssync.lab.plan.clusters import cluster_for
+from dssync.lab.plan.tables import make_plan, plan_table, scale_table
+from dssync.lab.plan.validate import validate_table
+from dssync.lab.report.summary import summarize, summary_table
 
 LONGEST = max(method_names(), key=len)  # the widest method column a table can get
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster import ClusterError, parse_cluster, require_root_and_tools
+from dssync.lab.cluster import ClusterError, parse_cluster, require_root_and_tools
 
 
 def _can_build() -> str | None:

@@ -3,7 +3,7 @@ for a while, a worker stopped (SIGSTOP) for less than the timeout, one stopped f
 host's workers killed under ``torchrun --max-restarts``.
 
 4 hosts in 2 racks, one worker each, DS-Sync on digits under torchrun per host (as
-:class:`dssync.experiments.runners.ClusterRunner` runs it). The fault is injected from here, once
+:class:`dssync.lab.experiments.runners.ClusterRunner` runs it). The fault is injected from here, once
 rank 0's progress file says the run is past :data:`FAULT_STEP`; the library has no fault hooks.
 Each case is a row of the table in docs/reliability.md.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from cluster_helpers import assert_gone
 
-from dssync.cluster import Agents, Cluster, RunResult, parse_cluster
-from dssync.train.config import TrainConfig
+from dssync.lab.cluster import Agents, Cluster, RunResult, parse_cluster
+from dssync.lab.config import TrainConfig
 
 # The waits below are bounded (start-up, then the run) well inside the timeout; if it fires all
 # the same, the signal method raises here, so the run's agents are killed and the namespaces go.
@@ -51,7 +51,7 @@ class ChaosRun:
         self.cfg_path, self.out = tmp / "config.json", tmp / "summary.json"
         self.progress = tmp / "progress.json"
         self.cfg_path.write_text(json.dumps(asdict(cfg)))
-        argv = [sys.executable, "-m", "dssync.train.worker"]
+        argv = [sys.executable, "-m", "dssync.lab.train.worker"]
         argv += [str(self.cfg_path), str(self.out), str(self.progress)]
         self.agents: Agents = cluster.launch(
             argv, log_dir=tmp / "logs", join_timeout_s=60, max_restarts=max_restarts
@@ -74,7 +74,7 @@ class ChaosRun:
         for pid in out.stdout.split():
             with contextlib.suppress(OSError):
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if b"dssync.train.worker" in cmd and b"torch.distributed.run" not in cmd:
+                if b"dssync.lab.train.worker" in cmd and b"torch.distributed.run" not in cmd:
                     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                     rank = next(int(e[5:]) for e in env if e.startswith(b"RANK="))
                     return int(pid), rank

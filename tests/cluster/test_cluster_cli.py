@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from cluster_helpers import assert_gone, netns_names
 
-from dssync.cli.cluster_cmd import cluster
+from dssync.lab.cli.cluster_cmd import cluster
 
 
 def invoke(*args: str):
@@ -54,7 +54,7 @@ def test_up_then_down():
 @pytest.mark.root
 @pytest.mark.timeout(60)
 def test_down_all_removes_leftovers(monkeypatch):
-    from dssync.cli import cluster_cmd
+    from dssync.lab.cli import cluster_cmd
 
     # Only touch our own leftover: other clusters may be in use on this machine.
     real = cluster_cmd.list_prefixes

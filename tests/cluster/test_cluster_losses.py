@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from dssync.cluster import Cluster, LossCounters
-from dssync.cluster.accounting import _counters
+from dssync.lab.cluster import Cluster, LossCounters
+from dssync.lab.cluster.accounting import _counters
 
 SNMP = """Ip: Forwarding DefaultTTL
 Ip: 1 64

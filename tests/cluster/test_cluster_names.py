@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster import ClusterError, ClusterNames, load_cluster
+from dssync.lab.cluster import ClusterError, ClusterNames, load_cluster
 
 
 def test_names_follow_the_prefix_and_the_spec(two_racks):

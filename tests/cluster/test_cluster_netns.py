@@ -10,7 +10,7 @@ import time
 import pytest
 from cluster_helpers import assert_gone, netns_names
 
-from dssync.cluster import (
+from dssync.lab.cluster import (
     Cluster,
     ClusterError,
     Scenario,
@@ -18,8 +18,8 @@ from dssync.cluster import (
     load_cluster,
     measure_mbit,
 )
-from dssync.cluster.netns import remove_prefix
-from dssync.cluster.shaping import burst_bytes, current_rate_mbit
+from dssync.lab.cluster.netns import remove_prefix
+from dssync.lab.cluster.shaping import burst_bytes, current_rate_mbit
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(60)]
 
@@ -79,7 +79,7 @@ def test_down_removes_everything_even_after_an_exception(two_racks):
 def test_sigterm_inside_with_block_cleans_up():
     code = (
         "import sys, time\n"
-        "from dssync.cluster import Cluster, load_cluster\n"
+        "from dssync.lab.cluster import Cluster, load_cluster\n"
         "with Cluster(load_cluster('tiny')) as c:\n"
         "    print(c.prefix, flush=True)\n"
         "    time.sleep(30)\n"
@@ -113,7 +113,7 @@ def test_burst_grows_with_rate():
 
 
 def test_not_root_is_a_clear_error(monkeypatch):
-    from dssync.cluster import shell
+    from dssync.lab.cluster import shell
 
     monkeypatch.setattr(shell.os, "geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from dssync.cluster import Event, Scenario, plan
+from dssync.lab.cluster import Event, Scenario, plan
 
 
 def test_plan_sorts_and_resolves_fractions():

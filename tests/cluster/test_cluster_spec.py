@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster import ClusterSpecError, load_cluster, parse_cluster, shipped_clusters
-from dssync.cluster.scenario import plan
+from dssync.lab.cluster import ClusterSpecError, load_cluster, parse_cluster, shipped_clusters
+from dssync.lab.cluster.scenario import plan
 
 GOOD = """
 name = "t"

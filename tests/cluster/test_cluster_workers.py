@@ -11,9 +11,9 @@ import time
 import pytest
 from cluster_helpers import assert_gone, netns_pids
 
-from dssync.cluster import Cluster, load_cluster, parse_cluster
-from dssync.cluster.torchrun import entry_point
-from dssync.cluster.workers import root_cause
+from dssync.lab.cluster import Cluster, load_cluster, parse_cluster
+from dssync.lab.cluster.torchrun import entry_point
+from dssync.lab.cluster.workers import root_cause
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 
@@ -90,9 +90,9 @@ def test_torchrun_places_ranks_and_detection_agrees_with_the_spec(tmp_path):
 
 def test_two_hosts_train_and_end_with_identical_parameters():
     # mnist: an MLP without BatchNorm, so DDP leaves every buffer and parameter equal.
-    from dssync.experiments.runners import ClusterRunner
-    from dssync.launch import core_share
-    from dssync.train.config import TrainConfig
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.experiments.runners import ClusterRunner
+    from dssync.lab.launch import core_share
 
     cfg = TrainConfig(
         workload="mnist", sync="bsp", epochs=1, max_steps=6, progress=False, timeout_s=60
@@ -184,7 +184,7 @@ def test_root_cause_reads_torchrun_report():
 def test_each_host_runs_the_documented_multi_node_command():
     from pathlib import Path
 
-    from dssync.cluster import ClusterNames, torchrun_argv
+    from dssync.lab.cluster import ClusterNames, torchrun_argv
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
     command = page[page.index("torchrun --nnodes H") :].split("\n```")[0]
@@ -218,8 +218,8 @@ def test_runs_in_one_launch_equal_fresh_ones_and_a_failed_run_is_skipped():
     # run a fresh process made: its losses and final model are the same, bit for bit.
     from dataclasses import replace
 
-    from dssync.experiments.runners import ClusterRunner, RunFailed
-    from dssync.train.config import TrainConfig
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.experiments.runners import ClusterRunner, RunFailed
 
     base = TrainConfig(
         workload="mnist", sync="bsp", epochs=1, max_steps=4, progress=False, timeout_s=60

@@ -22,7 +22,7 @@ What it cannot catch: a tensor that has the parameters' dtype but was placed on 
 tensors from the parameters (``torch.zeros(1, dtype=p.dtype, device=p.device)``) passes here and
 on nccl alike; that is the habit this backend enforces.
 
-Example (inside a worker started by :func:`dssync.launch.spawn`)::
+Example (inside a worker started by :func:`dssync.lab.launch.spawn`)::
 
     import strict_backend
     strict_backend.use_strict_world()     # the default group is now "strict"
@@ -171,7 +171,7 @@ def register() -> None:
 def use_strict_world(timeout_s: float = 30.0) -> None:
     """Replace the default (gloo) group of this worker by a strict one over the same ranks.
 
-    Every rank calls this. It reuses the store of the group :func:`dssync.launch.spawn` made, so
+    Every rank calls this. It reuses the store of the group :func:`dssync.lab.launch.spawn` made, so
     groups made later with the default backend (``dist.new_group(ranks)``) are strict too.
     """
     register()

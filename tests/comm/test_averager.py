@@ -9,7 +9,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.distributed.optim import PostLocalSGDOptimizer
 
 from dssync import Global, GroupAverager, Shuffle
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _model(seed: int) -> nn.Module:

@@ -18,7 +18,7 @@ from torch import nn
 
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 
 def _write(out_dir: str, **report) -> None:

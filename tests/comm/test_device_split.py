@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 WORLD = 3  # three, so Shuffle(2) makes a real pair (a group smaller than the world)
 STEPS = 4
@@ -178,7 +178,7 @@ def case_adaptive() -> float:
 
 
 def case_local_sgd() -> float:
-    from dssync import LocalSGD
+    from dssync.lab.baselines import LocalSGD
 
     model = _model()
     _train(LocalSGD(model, every=2))
@@ -186,7 +186,7 @@ def case_local_sgd() -> float:
 
 
 def case_hierarchical() -> float:
-    from dssync import Hierarchical
+    from dssync.lab.baselines import Hierarchical
 
     model = _model()
     _train(Hierarchical(model))
@@ -194,7 +194,7 @@ def case_hierarchical() -> float:
 
 
 def case_bsp() -> float:
-    from dssync import BSP
+    from dssync.lab.baselines import BSP
 
     model = _model()
     _train(BSP(model))

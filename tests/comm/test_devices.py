@@ -8,7 +8,7 @@ import torch
 
 from dssync.comm.devices import check_device, local_device
 from dssync.errors import UsageError
-from dssync.train.device import backend_for
+from dssync.lab.train.device import backend_for
 
 
 def test_gloo_with_a_cuda_model_is_refused_naming_nccl_and_set_device():

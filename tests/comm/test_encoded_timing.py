@@ -15,7 +15,7 @@ import torch
 
 from dssync.comm.averager import Router
 from dssync.comm.tags import STEP
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 SLOW_DATA_S = 0.4
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from dssync import DSSync, Shuffle
 from dssync.comm import FlatBuckets, GroupCache, plan_buckets
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def test_plan_buckets_respects_cap_and_kinds():

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dssync import DSSync, Shuffle
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 

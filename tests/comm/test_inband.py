@@ -9,7 +9,7 @@ from dssync.comm.averager import Router
 from dssync.comm.buckets import FlatBuckets, room_of
 from dssync.comm.tags import STEP
 from dssync.errors import SyncError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _bucket(dtype: torch.dtype, rank: int) -> torch.Tensor:

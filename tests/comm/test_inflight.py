@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm import inflight
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _late_work() -> tuple[list[int], bool, float, list[int], bool]:

@@ -12,7 +12,7 @@ from dssync.comm.averager import Router
 from dssync.comm.lane import Lane
 from dssync.comm.tags import OVERLAP, STEP
 from dssync.errors import PeerLost, SyncError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _buffers(rank: int) -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from dssync.comm.meta import from_first
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _share() -> object:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.errors import PeerLost
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.topology.probe import _swap
 
 

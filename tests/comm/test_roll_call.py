@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 WORLD = 4
 

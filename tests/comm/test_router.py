@@ -98,7 +98,7 @@ def _batches(pairs, cycle3) -> list[list[tuple[str, int]]]:
 
 
 def test_groups_made_and_capped_and_every_path_averages():
-    from dssync.launch import spawn
+    from dssync.lab.launch import spawn
 
     ranks = spawn(_routers, WORLD, timeout_s=120)
     expect_made = {"all_pairs": 6, "capped_pairs": 4, "capped_three": 0, "three": 1, "exchange": 0}

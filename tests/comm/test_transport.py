@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dssync.comm.tags import STEP, Tag, layout_of
 from dssync.comm.transport import Transport
 from dssync.comm.wire import CHUNK, Residuals, codec_for
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 WORLD = 3
 NUMEL = (5 * CHUNK + 7, 3 * CHUNK)  # two buffers, several 4 KB chunks each, one odd tail

@@ -17,7 +17,7 @@ from dssync.comm.wire import (
     shares,
 )
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -307,7 +307,7 @@ def _mismatch():
 @pytest.mark.timeout(90)
 def test_ranks_with_another_wire_are_refused_at_start():
     said = spawn(_mismatch, 2, timeout_s=80)
-    assert all("wire format" in s for s in said), said
+    assert all("wire (what travels)" in s for s in said), said
 
 
 def _final():

@@ -1,11 +1,11 @@
-"""Starting commands that cannot outlive their test (see :func:`dssync.launch.run_contained`)."""
+"""Starting commands that cannot outlive their test (see :func:`dssync.lab.launch.run_contained`)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from dssync.launch import run_contained
+from dssync.lab.launch import run_contained
 
 
 def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.train import TrainConfig, run_training
+from dssync.lab.train import TrainConfig, run_training
 
 
 @pytest.mark.timeout(600)

@@ -7,7 +7,7 @@ import json
 import pytest
 from procs import run
 
-from dssync.launch import free_port
+from dssync.lab.launch import free_port
 
 
 @pytest.mark.timeout(300)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dssync.experiments.runners import _cause
+from dssync.lab.experiments.runners import _cause
 
 LOG = """[rank2]: Traceback (most recent call last):
 [rank2]: dssync.errors.PeerLost: a schedule step at step 20 in group [1, 2]: rank 1 never came
 Traceback (most recent call last):
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: dssync.train.worker FAILED
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: dssync.lab.train.worker FAILED
 """
 
 

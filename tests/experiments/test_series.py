@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from dssync.experiments.runners import Runner
-from dssync.launch import WorkerError
-from dssync.train import TrainConfig
+from dssync.lab.experiments.runners import Runner
+from dssync.lab.launch import WorkerError
+from dssync.lab.train import TrainConfig
 
 BASE = TrainConfig(workload="digits", sync="bsp", epochs=1, max_steps=4, progress=False)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from dssync.cluster import load_cluster
-from dssync.experiments.runners import StepEvents
+from dssync.lab.cluster import load_cluster
+from dssync.lab.experiments.runners import StepEvents
 
 
 class FakeCluster:

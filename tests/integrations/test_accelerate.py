@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dssync import Schedule
 from dssync.accelerate import DSSyncLocal
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 STEPS = 5  # optimizer steps, each over 2 accumulated batches
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dssync import Schedule, nesterov
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.lightning import DSSyncStrategy
 
 STEPS_PER_EPOCH = 5  # odd, so a resume at the wrong schedule step lands on the other partition

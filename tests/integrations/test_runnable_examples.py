@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.launch import free_port, run_contained
+from dssync.lab.launch import free_port, run_contained
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,6 +97,8 @@ def test_accelerate_example(tmp_path):
         ("uneven_data.py", ["weight norm"]),
         ("checkpoint.py", ["weight norm"]),
         ("variants.py", ["overlapped, weight norm", "wait-avoiding, weight norm"]),
+        ("port_ddp.py", ["weight norm"]),
+        ("port_dssync.py", ["weight norm"]),
     ],
 )
 def test_library_example(tmp_path, name, figures):
@@ -104,3 +106,23 @@ def test_library_example(tmp_path, name, figures):
     for what in figures:  # every rank printed it, and the same figure
         found = rank_losses(r.stdout, what)
         assert sorted(found) == [0, 1] and len(set(found.values())) == 1, (what, r.stdout)
+
+
+CLIP = "clip_grad_norm_(model.parameters(), 1.0)"
+
+
+@pytest.mark.timeout(300)
+def test_the_port_ends_on_ddps_model_at_two_ranks_without_clipping(tmp_path):
+    """docs/guide/porting.md: with AdamW and optimizer=, DS-Sync's pair on two ranks is DDP's step
+    (with clipping each rank clips its own gradient, so the two differ a little)."""
+    norms = []
+    for name in ("port_ddp.py", "port_dssync.py"):
+        code, _ = example(name)
+        assert code.count(CLIP) == 1, f"{name} no longer clips with {CLIP}"
+        (tmp_path / name).write_text(code.replace(CLIP, CLIP.replace("1.0", "1e9")))
+        cmd = torchrun(name)
+        r = run([*cmd[:-1], str(tmp_path / name)], tmp_path, timeout=120)
+        found = rank_losses(r.stdout, "weight norm")
+        assert sorted(found) == [0, 1] and len(set(found.values())) == 1, r.stdout
+        norms.append(found[0])
+    assert norms[0] == norms[1], norms  # the same to six digits

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster import load_cluster
-from dssync.plan.auto import CANDIDATES, SYNC_SHARE, canonical, choose, local_every
+from dssync.lab.cluster import load_cluster
+from dssync.lab.plan.auto import CANDIDATES, SYNC_SHARE, canonical, choose, local_every
 from dssync.topology import Topology
 
 MNIST_2048 = 1_628_170  # parameters of `--workload mnist --workload-option hidden=2048`
@@ -80,8 +80,8 @@ def test_detected_hosts_in_any_order_become_the_canonical_shape():
 
 
 def test_the_local_candidates_average_as_often_as_their_presets():
-    from dssync.methods import get_method
-    from dssync.plan.auto import LOCAL
+    from dssync.lab.methods import get_method
+    from dssync.lab.plan.auto import LOCAL
 
     for _, _, method, every in LOCAL:
         assert get_method(method).options["every"] == every
@@ -118,7 +118,7 @@ def test_a_local_step_pick_applies_dilocos_outer_step_unless_outer_says_otherwis
 
 
 def test_the_report_labels_the_outer_step_only_where_it_is_not_the_methods_own():
-    from dssync.report.summary import picked
+    from dssync.lab.report.summary import picked
 
     pick = {"method": "dssync-topo-local", "every": 16, "outer": "nesterov"}
     assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov"
@@ -128,7 +128,7 @@ def test_the_report_labels_the_outer_step_only_where_it_is_not_the_methods_own()
 
 
 def test_racks_of_equal_hosts_average_in_whole_racks_and_a_slow_host_keeps_pairs():
-    from dssync.plan.auto import rack_groups
+    from dssync.lab.plan.auto import rack_groups
 
     two_racks = choose(load_cluster("s2-inter-rack").topology(), MNIST_2048, compute_s=0.018)
     assert (two_racks.method, two_racks.group_size) == ("dssync-topo-local", 4)
@@ -155,15 +155,15 @@ def test_a_given_group_size_is_what_the_pick_runs_and_says():
 
 
 def test_the_report_labels_a_picked_group_size():
-    from dssync.report.summary import picked
+    from dssync.lab.report.summary import picked
 
     pick = {"method": "dssync-topo-local", "every": 16, "outer": "nesterov", "group_size": 4}
     assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov:group-size=4"
 
 
 def test_the_pick_fills_only_the_options_the_user_left_out():
-    from dssync.methods import configure, with_pick
-    from dssync.train import TrainConfig
+    from dssync.lab.methods import configure, with_pick
+    from dssync.lab.train import TrainConfig
 
     left_out = with_pick(TrainConfig(sync="auto"), "dssync-topo-local", 16, "nesterov", 4)
     assert (left_out.every, left_out.outer, left_out.group_size) == (16, "nesterov", 4)
@@ -175,9 +175,9 @@ def test_the_pick_fills_only_the_options_the_user_left_out():
 
 
 def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_size():
-    from dssync.report.summary import picked
+    from dssync.lab.report.summary import picked
+    from dssync.lab.train.auto import Decision, _effective
     from dssync.topology import Topology
-    from dssync.train.auto import Decision, _effective
 
     kept = Decision("dssync-topo-local", "why", 0.01, Topology(hosts=(0, 1), racks=(0, 0)))
     # None is the method's own: --every 4 and --group-size 2 change nothing the run did
@@ -188,10 +188,10 @@ def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_
 
 
 def test_a_whole_rack_pick_sends_int8_over_a_slow_uplink_unless_wire_says_otherwise():
-    from dssync.methods import with_pick
-    from dssync.report.summary import picked
-    from dssync.train import TrainConfig
-    from dssync.train.auto import Decision, _effective
+    from dssync.lab.methods import with_pick
+    from dssync.lab.report.summary import picked
+    from dssync.lab.train import TrainConfig
+    from dssync.lab.train.auto import Decision, _effective
 
     s2 = load_cluster("s2-inter-rack").topology()
     c = choose(s2, MNIST_2048, compute_s=0.018)

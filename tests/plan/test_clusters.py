@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.cluster.spec import parse_cluster
 from dssync.errors import UsageError
-from dssync.plan.clusters import cluster_for, fat_tree, rack_spine, to_toml
+from dssync.lab.cluster.spec import parse_cluster
+from dssync.lab.plan.clusters import cluster_for, fat_tree, rack_spine, to_toml
 
 
 def test_scaling_keeps_rack_size_and_rates():

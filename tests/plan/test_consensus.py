@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from dssync.plan import consensus
-from dssync.plan.consensus import consensus_steps, expected_gap
-from dssync.plan.cost import Repeating
+from dssync.lab.plan import consensus
+from dssync.lab.plan.consensus import consensus_steps, expected_gap
+from dssync.lab.plan.cost import Repeating
 from dssync.schedules import (
     Butterfly,
     Global,

@@ -12,6 +12,6 @@ MODULES = ["clusters", "consensus", "cost", "flows"]
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    module = importlib.import_module(f"dssync.plan.{name}")
+    module = importlib.import_module(f"dssync.lab.plan.{name}")
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.bench.bounds import lower_bound
-from dssync.cluster.spec import ClusterSpec, load_cluster
-from dssync.plan.cost import BYTES_PER_PARAM, predict, ring_s, schedule_s
-from dssync.plan.flows import GOODPUT, Net, Ring
+from dssync.lab.bench.bounds import lower_bound
+from dssync.lab.cluster.spec import ClusterSpec, load_cluster
+from dssync.lab.plan.cost import BYTES_PER_PARAM, predict, ring_s, schedule_s
+from dssync.lab.plan.flows import GOODPUT, Net, Ring
 from dssync.schedules import Butterfly, Static
 
 LAT = 50e-6

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from dssync.cli import main
 from dssync.errors import UsageError
-from dssync.plan.flows import LOCAL_FACTOR
-from dssync.plan.local import METHODS, LocalRun, local_table, model_size, predict_local
+from dssync.lab.cli import main
+from dssync.lab.plan.flows import LOCAL_FACTOR
+from dssync.lab.plan.local import METHODS, LocalRun, local_table, model_size, predict_local
 
 PARAMS, BUFFERS = 5_000, 100
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.launch import run_contained
+from dssync.lab.launch import run_contained
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

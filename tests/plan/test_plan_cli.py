@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dssync.cli import main
+from dssync.lab.cli import main
 
 BENCH = {
     "settings": {"params": 1_000_000, "steps": 12, "dynamic_steps": 30, "warmup": 3, "period": 8},

@@ -7,10 +7,10 @@ import math
 
 from click.testing import CliRunner
 
-from dssync.cli import cli, plan_cmd
-from dssync.plan.clusters import cluster_for
-from dssync.plan.tables import make_plan
-from dssync.report.plan_plot import plan_plot
+from dssync.lab.cli import cli, plan_cmd
+from dssync.lab.plan.clusters import cluster_for
+from dssync.lab.plan.tables import make_plan
+from dssync.lab.report.plan_plot import plan_plot
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dssync.plan.validate import compare, host_cost, probed_rates
+from dssync.lab.plan.validate import compare, host_cost, probed_rates
 
 BENCH = json.loads((Path(__file__).parent / "bench-emulated-4m.json").read_text())
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from dssync.report import time_to_target
-from dssync.report.files import band, write_markdown
-from dssync.report.summary import compare_pair, reach, summarize, summary_table
+from dssync.lab.report import time_to_target
+from dssync.lab.report.files import band, write_markdown
+from dssync.lab.report.summary import compare_pair, reach, summarize, summary_table
 
 EVALS = [
     {"step": 10, "time_s": 1.0, "accuracy": 0.5, "loss": 2.0},
@@ -175,9 +175,9 @@ def test_a_failed_run_counts_as_a_seed_that_never_reached_the_target(tmp_path):
 
 
 def test_compare_records_a_failed_run_and_goes_on():
-    from dssync.experiments.compare import compare
-    from dssync.experiments.runners import RunFailed, Runner
-    from dssync.train.config import TrainConfig
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.experiments.compare import compare
+    from dssync.lab.experiments.runners import RunFailed, Runner
 
     class Flaky(Runner):
         def run_all(self, cfgs, each):

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.schedules import Fragments, group_of, plan_topology_aware
 from dssync.schedules.base import part_slice
 from dssync.topology import Topology

@@ -11,9 +11,9 @@ import pytest
 
 import dssync.schedules.topology
 from dssync.errors import UsageError
-from dssync.plan.clusters import cluster_for
-from dssync.plan.consensus import _labels, connected, consensus_steps
-from dssync.plan.cost import topology_of
+from dssync.lab.plan.clusters import cluster_for
+from dssync.lab.plan.consensus import _labels, connected, consensus_steps
+from dssync.lab.plan.cost import topology_of
 from dssync.schedules import check_partition
 from dssync.schedules.topology import TopologyAware, crossing_pairs, plan_topology_aware
 
@@ -148,8 +148,8 @@ def test_spread_crosses_one_slice_every_step_and_covers_the_model_each_cycle():
 
 
 def test_spread_keeps_the_bound_and_the_mixing_of_whole_crossings():
-    from dssync.bench.bounds import link_loads, ring_allreduce, schedule_bound
-    from dssync.cluster.spec import load_cluster
+    from dssync.lab.bench.bounds import link_loads, ring_allreduce, schedule_bound
+    from dssync.lab.cluster.spec import load_cluster
     from dssync.schedules.base import part_fraction
 
     spec = load_cluster("s2-inter-rack")
@@ -176,8 +176,8 @@ def test_spread_keeps_the_bound_and_the_mixing_of_whole_crossings():
 
 
 def test_step_bound_counts_each_step_busiest_link():
-    from dssync.bench.bounds import lower_bound, schedule_bound, schedule_step_bound
-    from dssync.cluster.spec import load_cluster
+    from dssync.lab.bench.bounds import lower_bound, schedule_bound, schedule_step_bound
+    from dssync.lab.cluster.spec import load_cluster
 
     spec = load_cluster("s2-inter-rack")
     whole = TopologyAware(racks(2, 4), cross_every=8)
@@ -207,8 +207,8 @@ def test_spread_slow_rank_pairs_every_step_with_donors_in_turn():
 
 
 def test_spread_plans_faster_iterations_on_s2_and_s3():
-    from dssync.cluster.spec import load_cluster
-    from dssync.plan.cost import predict
+    from dssync.lab.cluster.spec import load_cluster
+    from dssync.lab.plan.cost import predict
 
     for name in ("s2-inter-rack", "s3-slow-host"):
         spec = load_cluster(name)

@@ -106,7 +106,7 @@ def run(case: str, steps: int = STEPS) -> dict:
 
 
 def main() -> None:
-    from dssync.launch import spawn
+    from dssync.lab.launch import spawn
 
     figures = {
         case: spawn(run, world, args=(case,), timeout_s=300) for case, world in CASES.items()

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _flat(m: nn.Module) -> torch.Tensor:
@@ -22,7 +22,7 @@ def _flat(m: nn.Module) -> torch.Tensor:
 
 
 def _run() -> dict:
-    from dssync.strategies.ps import ParameterServer
+    from dssync.lab.baselines.ps import ParameterServer
     from dssync.strategies.waitless import AsyncDSSync
     from dssync.testing import use_nccl_like_world
 

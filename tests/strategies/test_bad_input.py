@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Shuffle
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 
 def _mismatched_model():

@@ -12,11 +12,12 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.errors import PeerLost
-from dssync.launch import WorkerError, spawn
-from dssync.methods import build_strategy
+from dssync.lab.baselines import DPSGD, FP16, PowerSGD
+from dssync.lab.config import TrainConfig
+from dssync.lab.launch import WorkerError, spawn
+from dssync.lab.methods import build_strategy
 from dssync.schedules import ring_matrix
-from dssync.strategies import DPSGD, FP16, DSSync, PowerSGD
-from dssync.train.config import TrainConfig
+from dssync.strategies import DSSync
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from cli_run import DIGITS, load, run  # noqa: E402  (the CLI in a subprocess that cannot outlive us)

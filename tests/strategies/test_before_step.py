@@ -10,9 +10,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.strategies.before_step import BeforeStep, is_adaptive
-from dssync.strategies.dssync import check_average_grads
+from dssync.strategies.options import Options
 
 STEPS = 300
 
@@ -88,13 +88,13 @@ def test_on_by_default_for_adam_and_refused_without_optimizer_or_with_overlap():
     assert is_adaptive(opt) and is_adaptive(torch.optim.Adam(p))
     assert not is_adaptive(torch.optim.SGD(p, lr=0.1)) and not is_adaptive(None)
     with pytest.raises(UsageError, match="pass optimizer="):
-        check_average_grads(True, None, overlap=False)
+        Options(average_grads=True).check(None)
     with pytest.raises(UsageError, match="average_grads=False, or overlap=False"):
-        check_average_grads(True, opt, overlap=True)
-    assert check_average_grads(None, opt, overlap=False)  # the default for Adam
-    assert not check_average_grads(None, opt, overlap=True)  # not behind overlap
+        Options(average_grads=True, overlap=True).check(opt)
+    assert Options().check(opt).average_grads  # the default for Adam
+    assert not Options(overlap=True).check(opt).average_grads  # not behind overlap
     sgd = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
-    assert not check_average_grads(None, sgd, overlap=False)  # SGD: the same either way
+    assert not Options().check(sgd).average_grads  # SGD: the same either way
 
 
 class _Pair:

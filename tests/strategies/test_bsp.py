@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.launch import spawn
-from dssync.strategies.bsp import BSP, _seconds, covered
+from dssync.lab.baselines.bsp import BSP, _seconds, covered
+from dssync.lab.launch import spawn
 
 WORLD = 2
 STEPS = 3
@@ -78,7 +78,7 @@ def test_cuda_spans_are_waited_for_and_merged_on_one_axis():
 
 
 def _replicas_after_steps() -> dict[str, float]:
-    from dssync.train.summary import averaged_copy
+    from dssync.lab.train.summary import averaged_copy
 
     rank = dist.get_rank()
     torch.manual_seed(0)

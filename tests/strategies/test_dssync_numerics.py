@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Global, Shuffle, Static
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.schedules import group_of
 
 

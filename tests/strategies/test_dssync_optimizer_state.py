@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Static
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 
 def _momentum(average: bool):

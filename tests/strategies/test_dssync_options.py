@@ -11,9 +11,9 @@ from torch import nn
 
 from dssync import DSSync, Global, Shuffle, nesterov
 from dssync.errors import UsageError
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 from dssync.schedules.topology import plan_topology_aware
-from dssync.strategies.dssync import check_options
+from dssync.strategies.options import Options
 from dssync.topology import Topology
 
 H, ROUNDS, LR = 3, 4, 0.1
@@ -240,23 +240,34 @@ TOPO = Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1))
         ({"topology": TOPO, "schedule": Shuffle(2)}, "not both"),
         ({"topology": TOPO, "replan": 4, "overlap": True}, "overlap=True with replan"),
         ({"outer": "nesterov"}, "factory"),
+        ({"fragments": 0}, "fragments=0"),
+        ({"timeout_s": 0}, "timeout_s=0"),
+        ({"timeout_s": None}, "timeout_s=None"),
+        ({"nonfinite": "ignore"}, "nonfinite='ignore'"),
+        ({"pairs": "ring"}, "pairs='ring'"),
+        ({"wire": "int4"}, "int4"),
     ],
 )
 def test_a_pair_that_cannot_work_is_refused_naming_it(options, named):
-    settings = {
-        "schedule": None,
-        "topology": None,
-        "replan": 0,
-        "overlap": False,
-        "every": 1,
-        "outer": None,
-    }
     with pytest.raises(UsageError, match=named):
-        check_options(**{**settings, **options})
+        Options(**options).check()
 
 
 def test_replan_on_a_topology_plan_given_as_schedule_is_accepted():
-    check_options(plan_topology_aware(TOPO, max_every=4), None, 4, False, 1, None)
+    Options(schedule=plan_topology_aware(TOPO, max_every=4), replan=4).check()
+
+
+def test_options_are_one_object_that_dssync_keywords_fill_in():
+    base = Options(every=4, wire="int8")
+    assert base.replace(every=8) == Options(every=8, wire="int8")
+    assert base.describe() == "every=4, wire='int8'" and Options().describe() == ""
+    with pytest.raises(TypeError, match="did you mean every="):
+        base.replace(evry=2)
+    ours, rest = Options.split({"every": 2, "process_group_backend": "gloo"})
+    assert ours == {"every": 2} and rest == {"process_group_backend": "gloo"}
+    labels = " ".join(Options().agreement())
+    for name in ("every", "wire", "overlap", "replan", "average_grads", "nonfinite", "pairs"):
+        assert name in labels
 
 
 def _disagree(knob: str):
@@ -358,7 +369,7 @@ def _refuse_other_options() -> str:
 
 def test_a_checkpoint_with_other_options_is_refused():
     for message in spawn(_refuse_other_options, 2, timeout_s=120):
-        assert "outer=" in message and "--outer" in message
+        assert "outer=" in message and "--outer" not in message  # Python names, not flags
 
 
 def _closed_leaves_no_group() -> tuple[int, int, list[bool]]:
@@ -385,3 +396,12 @@ def test_close_destroys_the_groups_it_made_and_stops_the_lane():
     # A process that trains several runs in turn (train_series) closes each run's strategy.
     for made, left, gone in spawn(_closed_leaves_no_group, 4, timeout_s=120):
         assert made >= 2 and left == 0 and all(gone), (made, left, gone)
+
+
+def test_the_options_docstring_example_runs():
+    import doctest
+
+    import dssync.strategies.options as module
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 4 and result.failed == 0

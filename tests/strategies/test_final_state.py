@@ -18,10 +18,10 @@ from torch.distributed.algorithms.join import Join
 
 from dssync import DSSync, Shuffle
 from dssync.comm import inflight
-from dssync.launch import spawn
-from dssync.methods import METHODS, build_strategy
+from dssync.lab.config import TrainConfig
+from dssync.lab.launch import spawn
+from dssync.lab.methods import METHODS, build_strategy
 from dssync.topology import Topology
-from dssync.train.config import TrainConfig
 
 
 def _model() -> nn.Module:

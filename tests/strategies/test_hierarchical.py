@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.launch import spawn
-from dssync.strategies.hierarchical import Hierarchical
+from dssync.lab.baselines.hierarchical import Hierarchical
+from dssync.lab.launch import spawn
 from dssync.topology import Topology
 
 

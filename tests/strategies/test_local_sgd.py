@@ -6,9 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync import LocalSGD
-from dssync.launch import spawn
-from dssync.strategies import Solo
+from dssync.lab.baselines import LocalSGD, Solo
+from dssync.lab.launch import spawn
 
 
 def _local_sgd():

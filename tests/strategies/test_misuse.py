@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dssync import DSSync, Shuffle, Static, nesterov
 from dssync.errors import SyncError
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 TIMEOUT_S = 4.0
 
@@ -112,8 +112,8 @@ def _odd(setting: str):
     [
         (
             "bucket_bytes",
-            "ranks disagree on the bucket_bytes: ranks [1] differ from rank 0 "
-            "(rank 0 has 4096, rank 1 has 1024); pass the same bucket_bytes",
+            "ranks disagree on the bucket_bytes (largest buffer): ranks [1] differ from rank 0 "
+            "(rank 0 has 4096, rank 1 has 1024); pass the same bucket_bytes= on every rank",
         ),
         (
             "optimizer",
@@ -121,7 +121,10 @@ def _odd(setting: str):
             "from rank 1 (rank 1 has None, rank 0 has SGD over weight, bias); "
             "pass optimizer= on every rank or on none",
         ),
-        ("average_buffers", "average_buffers: ranks [1] differ from rank 0"),
+        (
+            "average_buffers",
+            "average_buffers (floating buffers averaged): ranks [1] differ from rank 0",
+        ),
         (
             "frozen",
             "frozen parameters (requires_grad=False) and average_frozen: ranks [1] differ from rank 0",

@@ -20,7 +20,7 @@ from torch import nn
 
 from dssync import DSSync, Global, Shuffle
 from dssync.errors import SyncError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 BAD = 1  # the rank whose weights go bad
 

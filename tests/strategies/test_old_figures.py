@@ -11,7 +11,7 @@ import json
 import pytest
 from old_figures import CASES, FIXTURE, run
 
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 SAVED = json.loads(FIXTURE.read_text())
 

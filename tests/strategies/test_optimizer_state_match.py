@@ -12,7 +12,7 @@ from torch import nn
 from dssync import DSSync, Shuffle, Static
 from dssync.comm.averager import Router
 from dssync.comm.tags import STEP
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 
 class _TwoLayers(nn.Module):

@@ -9,7 +9,7 @@ from torch import nn
 
 from dssync import Butterfly, DSSync, Global, Shuffle, Static
 from dssync.errors import SyncError, UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.schedules.topology import plan_topology_aware
 from dssync.topology import Topology
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.errors import PeerLost
-from dssync.launch import spawn
-from dssync.strategies.ps import ParameterServer, holding_up, pull_due
+from dssync.lab.baselines.ps import ParameterServer, holding_up, pull_due
+from dssync.lab.launch import spawn
 
 WORLD = 3
 LR = 0.1

@@ -10,7 +10,7 @@ from torch import nn
 
 from dssync import DSSync
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.strategies.replan import adjust_topology, own_stats
 from dssync.topology import Topology
 
@@ -126,7 +126,7 @@ def test_a_resumed_run_keeps_its_re_planned_groups():
     ):
         assert switches and planned != before  # contention made it re-plan before the save
         assert resumed == planned and resumed_ahead == ahead
-        assert "--replan" in refused  # another plan window
+        assert "replan=" in refused  # another plan window
         first_plan, continued, _ = probed
         assert first_plan != planned and "slow=(5,)" in first_plan  # the new probe's own plan
         assert continued == planned  # the saved rates' plan, not the new probe's

@@ -9,7 +9,7 @@ from torch import nn
 
 from dssync.comm.averager import Router
 from dssync.comm.tags import STEP
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.schedules.topology import TopologyAware
 from dssync.strategies.dssync import DSSync
 
@@ -122,7 +122,7 @@ def _different_slices(out_dir: str) -> None:
 
 
 def test_ranks_on_different_slices_are_refused(tmp_path):
-    from dssync.launch import WorkerError
+    from dssync.lab.launch import WorkerError
 
     with pytest.raises(WorkerError):
         spawn(_different_slices, 3, args=(str(tmp_path),), timeout_s=60)

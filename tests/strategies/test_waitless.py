@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.errors import PeerLost
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.schedules import Bipartite, spectral_gap
 from dssync.strategies.waitless import AsyncDSSync
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from dssync.comm.side import timeout_of
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 from dssync.strategies.waitless import AsyncDSSync
 
 TIMEOUT_S = 15.0

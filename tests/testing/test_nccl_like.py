@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import dssync
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 
 def _first_op_must_be_a_collective() -> None:

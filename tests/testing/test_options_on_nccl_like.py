@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Global, Shuffle, nesterov
-from dssync.launch import spawn
+from dssync.lab.launch import spawn
 
 STEPS = 4
 

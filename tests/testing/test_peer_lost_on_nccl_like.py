@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync import DSSync, Global, Shuffle
-from dssync.launch import WorkerError, spawn
+from dssync.lab.launch import WorkerError, spawn
 
 TIMEOUT_S = 3.0
 MARGIN_S = 5.0

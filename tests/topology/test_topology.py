@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from dssync.cluster import load_cluster
 from dssync.errors import UsageError
-from dssync.launch import spawn
+from dssync.lab.cluster import load_cluster
+from dssync.lab.launch import spawn
 from dssync.schedules import check_partition, spectral_gap
 from dssync.schedules.topology import (
     TopologyAware,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dssync.launch import run_contained
+from dssync.lab.launch import run_contained
 
 DIGITS = ["--workload", "digits", "--workers", "2", "--epochs", "1", "--quiet"]
 FAULT_CLI = str(

@@ -10,8 +10,8 @@ import sys
 
 from faults import CrashAfter, KilledWhileWriting
 
-import dssync.cli.train_cmd as train_cmd
-from dssync.cli import main
+import dssync.lab.cli.train_cmd as train_cmd
+from dssync.lab.cli import main
 
 
 def _pop(argv: list[str], flag: str) -> str | None:

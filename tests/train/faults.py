@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from dssync.train import StepHook
+from dssync.lab.train import StepHook
 
 CRASH_EXIT_CODE = 3
 
@@ -137,7 +137,7 @@ class KilledWhileWriting(StepHook):
         self.rank, self.step, self.marker_dir = rank, step, marker_dir
 
     def started(self, rank: int, strategy) -> None:
-        import dssync.train.state as state
+        import dssync.lab.train.state as state
 
         if rank != self.rank:
             return

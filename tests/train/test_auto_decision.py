@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dssync.methods import get_method
-from dssync.train import TrainConfig, run_training
-from dssync.train.auto import TIMED_PASSES
+from dssync.lab.methods import get_method
+from dssync.lab.train import TrainConfig, run_training
+from dssync.lab.train.auto import TIMED_PASSES
 
 
 @pytest.mark.slow
@@ -32,8 +32,8 @@ def _timed_spans():
     import torch
     import torch.distributed as dist
 
-    from dssync.train.auto import compute_time
-    from dssync.train.data import RankData
+    from dssync.lab.train.auto import compute_time
+    from dssync.lab.train.data import RankData
 
     os.environ["DSSYNC_CLUSTER"] = "test"  # as the emulator sets it for its workers
     data = RankData.load(TrainConfig(workload="digits"), dist.get_rank(), dist.get_world_size())
@@ -51,7 +51,7 @@ def _timed_spans():
 
 
 def test_on_the_emulated_cluster_ranks_time_their_compute_one_after_another():
-    from dssync.launch import spawn
+    from dssync.lab.launch import spawn
 
     (s0, spans0), (s1, spans1) = spawn(_timed_spans, 2, timeout_s=120)
     assert s0 == s1 > 0  # the slowest rank's figure, the same on both

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from dssync.launch import WorkerError
-from dssync.train import TrainConfig, run_training
+from dssync.lab.launch import WorkerError
+from dssync.lab.train import TrainConfig, run_training
 
 
 @pytest.mark.slow

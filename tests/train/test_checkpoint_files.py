@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from dssync.launch import spawn
-from dssync.train.checkpoint import (
+from dssync.lab.launch import spawn
+from dssync.lab.train.checkpoint import (
     CheckpointDamaged,
     CheckpointError,
     checkpoint_path,
@@ -14,7 +14,7 @@ from dssync.train.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from dssync.train.resume import agree_on_step, check_fits, newest_complete
+from dssync.lab.train.resume import agree_on_step, check_fits, newest_complete
 
 HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync"}
 

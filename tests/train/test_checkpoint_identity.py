@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync.launch import spawn
-from dssync.train.checkpoint import CheckpointError, checkpoint_path, read_header
-from dssync.train.state import Checkpointer, RunState
+from dssync.lab.launch import spawn
+from dssync.lab.train.checkpoint import CheckpointError, checkpoint_path, read_header
+from dssync.lab.train.state import Checkpointer, RunState
 
 HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from cli_run import DIGITS, run
 
-from dssync.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from dssync.lab.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 
 HEADER = {"world_size": 2, "workload": "digits", "sync": "dssync", "workload_options": {}}
 

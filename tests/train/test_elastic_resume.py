@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dssync.train import StepHook, TrainConfig, run_training
-from dssync.train.checkpoint import checkpoint_path, read_checkpoint
-from dssync.workloads import get
+from dssync.lab.train import StepHook, TrainConfig, run_training
+from dssync.lab.train.checkpoint import checkpoint_path, read_checkpoint
+from dssync.lab.workloads import get
 
 
 class StartProbe(StepHook):

@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from dssync.errors import PeerLost
-from dssync.launch import WorkerError, spawn
-from dssync.train.summary import slowest
+from dssync.lab.launch import WorkerError, spawn
+from dssync.lab.train.summary import slowest
 
 
 def _timing_with_a_silent_rank(path: str):

@@ -2,7 +2,7 @@
 inside one. Every survivor must raise within the collective timeout (plus start-up slack), and its
 error should be a SyncError naming the faulty rank.
 
-The faulty rank leaves with exit code 0 so that :func:`dssync.launch.spawn` keeps waiting for the
+The faulty rank leaves with exit code 0 so that :func:`dssync.lab.launch.spawn` keeps waiting for the
 survivors' own errors (a non-zero exit would make it stop them at once); spawn still kills every
 process when anything fails or its deadline passes.
 """
@@ -17,8 +17,8 @@ import pytest
 import torch.distributed as dist
 from faults import DieBeforeSending, InsideCollective
 
-from dssync.launch import WorkerError, class_names, spawn
-from dssync.train import TrainConfig, train_worker
+from dssync.lab.launch import WorkerError, class_names, spawn
+from dssync.lab.train import TrainConfig, train_worker
 
 TIMEOUT_S = 6.0
 WORLD = 4
@@ -99,7 +99,7 @@ class _SlowAndKeep(InsideCollective):
 
 
 def _slowed_run(cfg: TrainConfig, hook: _SlowAndKeep) -> tuple[int, str]:
-    from dssync.train.summary import model_digest
+    from dssync.lab.train.summary import model_digest
 
     summary = train_worker(cfg, hook)
     return summary["steps"], model_digest(hook.strategy.module)

@@ -7,10 +7,10 @@ import torch
 import torch.distributed as dist
 
 from dssync.errors import PeerLost, SyncError, UsageError
-from dssync.train.config import TrainConfig
-from dssync.train.data import epoch_batches, steps_per_epoch
-from dssync.train.device import Clock, backend_for, resolve_device, to_device
-from dssync.train.loop import (
+from dssync.lab.config import TrainConfig
+from dssync.lab.train.data import epoch_batches, steps_per_epoch
+from dssync.lab.train.device import Clock, backend_for, resolve_device, to_device
+from dssync.lab.train.loop import (
     LOST_PEER_ERRORS,
     checkpoint_due,
     evaluation_due,

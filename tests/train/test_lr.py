@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from dssync.train import TrainConfig, run_training
-from dssync.train.lr import LRSchedule, lr_factor
+from dssync.lab.train import TrainConfig, run_training
+from dssync.lab.train.lr import LRSchedule, lr_factor
 
 
 def test_cosine_decays_from_one_to_zero():
@@ -75,7 +75,7 @@ def test_hold_sets_every_group_to_the_swa_rate():
 
 
 def test_swa_lr_needs_swa_start():
-    from dssync.train.validate import validate
+    from dssync.lab.train.validate import validate
 
     with pytest.raises(ValueError, match="add --swa-start FRACTION"):
         validate(TrainConfig(workload="digits", swa_lr=0.01), workers=2)

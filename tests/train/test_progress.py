@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import re
 
-from dssync.train.config import TrainConfig
-from dssync.train.progress import Progress
+from dssync.lab.config import TrainConfig
+from dssync.lab.train.progress import Progress
 
 LINE = re.compile(
     r"^dssync mnist: step (\d+)/(\d+) \((\d+)%\), epoch (\d+)/(\d+), loss (\d+\.\d{4}), (\d+\.\d) s$"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from dssync.train import TrainConfig, run_training
+from dssync.lab.train import TrainConfig, run_training
 
 
 @pytest.mark.timeout(300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dssync.train.swa import WeightAverage, recompute_batch_norm
+from dssync.lab.train.swa import WeightAverage, recompute_batch_norm
 
 
 def _net() -> nn.Module:

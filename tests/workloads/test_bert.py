@@ -9,8 +9,8 @@ import pytest
 import torch
 from workload_helpers import first_batch, train_steps
 
-from dssync.workloads import get
-from dssync.workloads.text import (
+from dssync.lab.workloads import get
+from dssync.lab.workloads.text import (
     CLS,
     MASK,
     SEP,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dssync.workloads.cache import cached_arrays, source_key
+from dssync.lab.workloads.cache import cached_arrays, source_key
 
 
 def _counted():

@@ -9,9 +9,9 @@ import pytest
 import torch
 from workload_helpers import first_batch, train_steps
 
-from dssync.workloads import get
-from dssync.workloads.criteo import int_token, load_criteo, read_criteo
-from dssync.workloads.deepfm import DeepFM
+from dssync.lab.workloads import get
+from dssync.lab.workloads.criteo import int_token, load_criteo, read_criteo
+from dssync.lab.workloads.deepfm import DeepFM
 
 
 def criteo_lines(n: int, seed: int = 0, labelled: bool = True) -> str:

@@ -8,8 +8,8 @@ import torch
 from torch.utils.data import Subset
 from workload_helpers import first_batch, train_steps
 
-from dssync.workloads import get
-from dssync.workloads.lm import CLIP
+from dssync.lab.workloads import get
+from dssync.lab.workloads.lm import CLIP
 
 
 def test_lm_learns_bytes_and_reports_validation_loss():
@@ -46,7 +46,7 @@ def test_lm_optimizer_is_adamw_and_clips_at_one():
 
 
 def test_dssync_train_runs_the_lm_workload_with_adamw_averaged_at_the_step():
-    from dssync.train import TrainConfig, run_training
+    from dssync.lab.train import TrainConfig, run_training
 
     cfg = TrainConfig(
         workload="lm", sync="dssync", average_momentum=True, max_steps=6, progress=False

@@ -6,8 +6,8 @@ import pytest
 import torch
 from workload_helpers import first_batch
 
-from dssync.launch import spawn
-from dssync.workloads import WORKLOADS, get
+from dssync.lab.launch import spawn
+from dssync.lab.workloads import WORKLOADS, get
 
 TINY = {
     "wrn": {"depth": 10, "width": 1},
@@ -62,7 +62,7 @@ def test_ddp_wraps_each_model():
 
 
 def test_mnist_declares_a_target_and_a_run_long_enough_for_it_per_width():
-    from dssync.cli.options import config
+    from dssync.lab.cli.options import config
 
     assert (get("mnist").quality_target(), get("mnist").default_epochs()) == (0.85, 4)
     wide = get("mnist", hidden=2048)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from workload_helpers import first_batch, train_steps
 
-from dssync.workloads import get
-from dssync.workloads.wrn import WideResNet, blocks_per_group, random_crop_flip
+from dssync.lab.workloads import get
+from dssync.lab.workloads.wrn import WideResNet, blocks_per_group, random_crop_flip
 
 
 def write_cifar(root, hundred: bool = False, per_file: int = 6):

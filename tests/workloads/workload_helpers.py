@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dssync.workloads import Workload
+from dssync.lab.workloads import Workload
 
 
 def train_steps(wl: Workload, batch, steps: int = 20, seed: int = 0) -> list[float]:

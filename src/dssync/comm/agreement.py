@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.consensus import agree, module_fingerprint
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 
 
@@ -78,8 +79,10 @@ def optimizer_layout(module: nn.Module, optimizer: Any) -> str:
     return text  # a long one is shown with its fingerprint (consensus._show, dssync.hashing)
 
 
-def check_start(sync: Any) -> None:
-    """Every rank of ``sync.process_group`` agrees on what shapes the collectives (collective)."""
+def check_start(sync: Any, settings: dict[str, tuple[str, str]]) -> None:
+    """Every rank of ``sync.process_group`` agrees on what shapes the collectives (collective):
+    the model, schedule, optimizer and outer step read from ``sync``, and ``settings``, its own
+    options as ``{label: (value shown, fix)}`` (:meth:`dssync.Options.agreement`)."""
     module = sync.module
     named = list(module.named_parameters()) + list(module.named_buffers())
     frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
@@ -87,53 +90,40 @@ def check_start(sync: Any) -> None:
     opt_layout = None if opt is None else optimizer_layout(module, opt)
     refusal, timeout_s = getattr(sync, "_refusal", None), sync.timeout_s
     if not timeout_s or timeout_s <= 0:
-        refusal = (
-            f"timeout_s={timeout_s!r} must be a positive number of seconds; the default is 120"
-        )
-        timeout_s = 120.0
+        refusal = f"timeout_s={timeout_s!r} must be a positive number of seconds"
+        timeout_s = DEFAULT_TIMEOUT_S
     try:  # a schedule that cannot fit this world refuses here, on this rank alone
         schedule = f"{sync.schedule.describe()} #{sync.schedule.fingerprint(sync.world_size):x}"
     except (UsageError, ValueError) as e:
         schedule, refusal = sync.schedule.describe(), refusal or str(e)
     numel = sum(t.numel() for _, t in named)
     dtypes = " and ".join(sorted({str(t.dtype).removeprefix("torch.") for _, t in named}))
-    values = {
-        "sync method": _show(sync.name),
-        "pairs (exchange or all_reduce)": _show(getattr(sync, "pairs", "exchange")),
-        "wire format": _show(getattr(sync, "wire", "fp32")),
-        "nonfinite": _show(getattr(sync, "nonfinite", "raise")),
+    shown = {
+        "sync method": (
+            _show(sync.name),
+            "wrap the model with the same sync method (class) on every rank",
+        ),
         "model (parameter and buffer names, shapes, dtypes)": (
             f"{len(named)} tensors of {numel} elements in {dtypes}, "
-            f"{', '.join(n for n, _ in named)} #{module_fingerprint(named):x}"
+            f"{', '.join(n for n, _ in named)} #{module_fingerprint(named):x}",
+            "build the same model on every rank before wrapping it",
         ),
-        "schedule": schedule,
-        "bucket_bytes": _show(getattr(sync, "bucket_bytes", None)),
-        "average_buffers": _show(sync.average_buffers),
-        "broadcast_init": _show(getattr(sync, "broadcast_init", True)),
-        "frozen parameters (requires_grad=False) and average_frozen": _show(
-            (frozen, getattr(sync, "average_frozen", False))
+        "schedule": (schedule, "give every rank the same schedule type, group size and seed"),
+        "frozen parameters (requires_grad=False) and average_frozen": (
+            _show((frozen, getattr(sync, "average_frozen", False))),
+            "freeze the same parameters and pass the same average_frozen= on every rank",
         ),
-        "optimizer (given or not, its type and the parameters it holds)": _show(opt_layout),
-        "every (optimizer steps per averaging)": _show(getattr(sync, "every", 1)),
-        "overlap": _show(getattr(sync, "overlap", False)),
-        "replan (averagings between re-plans)": _show(getattr(sync, "replan", 0)),
-        "outer optimizer (given or not, its type and settings)": _show(_outer(sync)),
+        "optimizer (given or not, its type and the parameters it holds)": (
+            _show(opt_layout),
+            "pass optimizer= on every rank or on none, built over the same parameters (their "
+            "order may differ: state is matched by name)",
+        ),
+        "outer optimizer (given or not, its type and settings)": (
+            _show(_outer(sync)),
+            "pass outer= on every rank or on none, built alike",
+        ),
+        **settings,
     }
-    fixes = {
-        "sync method": "wrap the model with the same sync method (class) on every rank",
-        "pairs (exchange or all_reduce)": "pass the same pairs= on every rank",
-        "wire format": "pass the same wire= (--wire) on every rank",
-        "nonfinite": "pass the same nonfinite= on every rank",
-        "model (parameter and buffer names, shapes, dtypes)": "build the same model on every rank before wrapping it",
-        "schedule": "give every rank the same schedule type, group size and seed",
-        "bucket_bytes": "pass the same bucket_bytes on every rank",
-        "average_buffers": "pass the same average_buffers on every rank",
-        "broadcast_init": "pass the same broadcast_init on every rank",
-        "frozen parameters (requires_grad=False) and average_frozen": "freeze the same parameters and pass the same average_frozen on every rank",
-        "optimizer (given or not, its type and the parameters it holds)": "pass optimizer= on every rank or on none, built over the same parameters (their order may differ: state is matched by name)",
-        "every (optimizer steps per averaging)": "pass the same every= (--every) on every rank",
-        "overlap": "pass the same overlap= (--overlap) on every rank",
-        "replan (averagings between re-plans)": "pass the same replan= (--replan) on every rank",
-        "outer optimizer (given or not, its type and settings)": "pass outer= (--outer) on every rank or on none, built alike",
-    }
+    values = {k: v for k, (v, _) in shown.items()}
+    fixes = {k: fix for k, (_, fix) in shown.items()}
     agree(values, sync.process_group, fixes, refusal, timeout_s)

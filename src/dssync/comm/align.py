@@ -27,13 +27,14 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.exchange import broadcast_tensors
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 
 
 def align_rest(
     module: nn.Module,
     averaged: Iterable[torch.Tensor],
     process_group: dist.ProcessGroup | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Every parameter and buffer of ``module`` not in ``averaged`` takes group rank 0's value.
 

@@ -360,7 +360,7 @@ class GroupAverager(ModelAverager):
     ranks from one model yourself (the same seed, DDP during the warm-up, or one
     ``dist.broadcast`` of each tensor); ``DSSync`` does that at construction.
 
-    Example (under torchrun or :func:`dssync.launch.spawn`)::
+    Example (under torchrun or :func:`dssync.lab.launch.spawn`)::
 
         from torch.distributed.optim import PostLocalSGDOptimizer
         averager = GroupAverager(Shuffle(2, seed=0), warmup_steps=10)

@@ -17,10 +17,9 @@ from torch import nn
 
 from dssync.comm.meta import bounded, gather_objects
 from dssync.comm.side import side_group
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.hashing import fingerprint
-
-DEFAULT_TIMEOUT_S = 120.0  # as dssync.comm.averager's
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:

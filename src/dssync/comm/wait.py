@@ -40,6 +40,9 @@ import torch.distributed as dist
 # report completion only from wait()) keeps work.wait(timeout). A test backend with NCCL's
 # semantics adds its name here (dssync.testing.nccl_like does).
 POLLED: set[str] = {"nccl"}
+# The longest any wait for a peer lasts unless told otherwise: the one default of every
+# timeout_s in dssync (DSSync, AsyncDSSync, GroupAverager, the lab's runs).
+DEFAULT_TIMEOUT_S = 120.0
 FIRST_NAP_S = 50e-6  # the first sleep between two polls of is_completed()
 LONGEST_NAP_S = 1e-3  # sleeps double up to this: a finished transfer is seen within 1 ms
 

@@ -22,7 +22,7 @@ def check_power_of_two(world_size: int) -> None:
         below = 1 << (max(world_size, 1).bit_length() - 1)
         raise UsageError(
             f"exp-gossip needs a power-of-2 number of workers (1, 2, 4, 8, 16, ...), got "
-            f"{world_size}; use {below} or {below * 2} workers, or --sync dssync for any size"
+            f"{world_size}; use {below} or {below * 2} workers, or DSSync with Shuffle for any size"
         )
 
 

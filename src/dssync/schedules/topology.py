@@ -61,7 +61,7 @@ class TopologyAware(Schedule):
     difference between two racks of m ranks, so the racks' means agree only after several sweeps
     of the hypercube; ``cross_pairs`` = m pairs every member of a rack with one of the other and
     the racks' means agree exactly after log2 D rounds (D a power of two), but each crossing then
-    shares the uplink m ways. The planner's model (:mod:`dssync.plan`, 4M parameters, 50 ms
+    shares the uplink m ways. The planner's model (:mod:`dssync.lab.plan`, 4M parameters, 50 ms
     compute, s2-inter-rack: racks of 4 behind 200 Mbit/s uplinks, crossings every 8 steps) at 64
     workers predicts:
 

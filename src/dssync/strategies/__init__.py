@@ -1,25 +1,10 @@
-"""What plugs into a training loop: one class per synchronization method, one interface."""
+"""What a training script adopts in place of DDP: DS-Sync (every step's groups, or waitless
+pairs) and the outer step of local-step training, on one interface."""
 
 from dssync.strategies.base import Strategy
-from dssync.strategies.bsp import BSP
-from dssync.strategies.compressed import FP16, PowerSGD
 from dssync.strategies.dssync import DSSync
-from dssync.strategies.gossip import DPSGD
-from dssync.strategies.hierarchical import Hierarchical
-from dssync.strategies.local_sgd import LocalSGD, Solo
+from dssync.strategies.options import Options
 from dssync.strategies.outer import nesterov
 from dssync.strategies.waitless import AsyncDSSync
 
-__all__ = [
-    "AsyncDSSync",
-    "BSP",
-    "DPSGD",
-    "DSSync",
-    "FP16",
-    "Hierarchical",
-    "LocalSGD",
-    "PowerSGD",
-    "Solo",
-    "Strategy",
-    "nesterov",
-]
+__all__ = ["AsyncDSSync", "DSSync", "Options", "Strategy", "nesterov"]

@@ -65,7 +65,7 @@ class Strategy:
         """Release what the strategy holds beyond the model (background threads, the process
         groups it made), after its last step and ``average_all()``; every rank calls it alike.
         It takes no more steps after. A process that runs several trainings one after another
-        calls it between them (:func:`dssync.train.run.train_series`)."""
+        calls it between them (:func:`dssync.lab.train.run.train_series`)."""
 
     def time_sync(self, on: bool = True) -> None:
         """Time each synchronization from now on (:meth:`take_sync_time`). An observer for a

@@ -23,22 +23,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
+from dssync.comm import FlatBuckets
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
-from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.averager import Router
 from dssync.comm.buckets import pack, plan_buckets
 from dssync.comm.clock import module_device
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.tags import ALL, STEP, Tag
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
-from dssync.schedules import Fragments, Schedule, Shuffle, default_schedule, group_of
+from dssync.schedules import Fragments, Schedule, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
-from dssync.strategies.before_step import BeforeStep, is_adaptive
-from dssync.strategies.outer import Outer, OuterFactory
+from dssync.strategies.before_step import BeforeStep
+from dssync.strategies.options import Options, options_of
+from dssync.strategies.outer import Outer
 from dssync.strategies.overlap import Overlap
 from dssync.strategies.replan import Replanner, plan_again
 from dssync.topology import Topology
@@ -75,54 +77,18 @@ class DSSync(Strategy, Joinable):
     Args:
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
             tensors are re-laid into flat buckets).
-        schedule: which ranks average together at each averaging (default: random pairs; at an
-            odd world size a pair and a rank alone, shuffled each time; above 16 ranks a cycle of
-            2*ceil(log2 N) shuffles, so each rank meets a bounded set of peers:
-            :func:`~dssync.schedules.default_schedule`).
+        schedule: which ranks average together at each averaging (default: random pairs,
+            shuffled each time; :func:`~dssync.schedules.default_schedule`).
+        optimizer: if given, its floating state (momentum, Adam moments) is averaged too, and
+            with an Adam-family optimizer the gradients are averaged before it steps
+            (``average_grads``).
         process_group: the ranks taking part (default: all); schedule ranks are ranks of it.
-        optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
-        topology: hosts and racks of the ranks (:class:`~dssync.topology.Topology`): the schedule
-            is then :func:`~dssync.schedules.topology.plan_topology_aware` of it, with crossings
-            at most ``replan`` averagings apart (8 without re-planning). For other planner
-            settings pass ``schedule=plan_topology_aware(...)`` instead.
-        replan: re-plan the topology-aware plan every ``replan`` averagings from the measured
-            sync times (0: never). Needs a plan made by ``plan_topology_aware`` (``topology=``).
-        overlap: run each average behind the next steps' compute and merge it at the next
-            averaging (``x <- mean(snapshot) + (x - snapshot)``). Not with ``replan`` (overlap
-            hides the transfer times re-planning reads). With ``outer``, the outer step is
-            applied one averaging late, when the mean arrives.
-        every: average after every ``every``-th optimizer step (H); ranks train locally in
-            between. 1 is DS-Sync as in the paper.
-        outer: a factory ``params -> torch.optim.Optimizer`` for an outer optimizer applied to
-            the pseudo-gradient at each averaging (:func:`~dssync.strategies.outer.nesterov`:
-            DiLoCo's; with ``Global()`` this is DiLoCo; with ``overlap`` too, DiLoCo with its
-            outer step one averaging late; see :mod:`dssync.strategies.outer`).
-        average_buffers: also average floating buffers (batch-norm running mean and variance).
-        broadcast_init: start every rank from rank 0's parameters and buffers (integer and bool
-            buffers included), as DDP does.
-        bucket_bytes: the largest flat buffer one collective moves.
-        timeout_s: the longest any averaging waits for a peer before raising ``PeerLost``.
-        average_frozen: also average parameters with ``requires_grad=False`` (default: they are
-            only broadcast from rank 0 at start, so they never drift).
-        pairs: how pairs average: ``"exchange"`` (point to point, no group per pair) or
-            ``"all_reduce"`` (on pair groups made at construction; for comparison).
-        wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
-            ``"int8"`` (scaled per chunk), compressed with error feedback
-            (:mod:`dssync.comm.wire` says what error remains); :meth:`average_all` is exact.
-        average_grads: average inside ``optimizer.step()``, before it steps, with the gradients
-            in the same message as the parameters and optimizer state
-            (:mod:`~dssync.strategies.before_step`): in a pair, DDP's Adam step exactly. None
-            (default): on for an Adam-family ``optimizer=`` (not with ``overlap``), whose second
-            moment otherwise sees each rank's noisier gradient. Costs the gradients' bytes.
-        fragments: average one of this many fragments of every buffer per averaging, in
-            rotation (each coordinate once every ``fragments`` averagings;
-            :class:`~dssync.schedules.Fragments`), for any schedule and with every option.
-        nonfinite: when a member's values are not finite (NaN or Inf) no value leaves it and
-            the group keeps its own values for that averaging; ``"raise"`` then raises
-            ``SyncError`` on every member (the rank at fault names the tensor), ``"skip"``
-            warns once and trains on (for runs whose loss scaling recovers on its own).
+        options: an :class:`~dssync.Options` (default: all defaults).
+        **settings: any field of :class:`~dssync.Options` (``every``, ``outer``, ``wire``,
+            ``overlap``, ``topology``, ``replan``, ``fragments``, ``timeout_s``, ...), on top of
+            ``options``. :attr:`options` holds what the instance runs with.
 
-    Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.launch.spawn`)::
+    Example (run under ``torchrun --nproc-per-node 2`` or :func:`dssync.lab.launch.spawn`)::
 
         import torch, torch.distributed as dist
         from dssync import DSSync, Shuffle
@@ -160,110 +126,99 @@ class DSSync(Strategy, Joinable):
         module: nn.Module,
         schedule: Schedule | None = None,
         *,
-        process_group: dist.ProcessGroup | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        topology: Topology | None = None,
-        replan: int = 0,
-        overlap: bool = False,
-        every: int = 1,
-        outer: OuterFactory | None = None,
-        average_buffers: bool = True,
-        broadcast_init: bool = True,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        average_frozen: bool = False,
-        pairs: str = "exchange",
-        wire: str = "fp32",
-        fragments: int = 1,
-        nonfinite: str = "raise",
-        average_grads: bool | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        options: Options | None = None,
+        **settings: Any,
     ) -> None:
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
         check_module(module)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
+        if schedule is not None:
+            settings = {**settings, "schedule": schedule}
+        wanted = options_of(options, settings)
         self._refusal: str | None = None
         try:  # a value this rank refuses travels with the start-up agreement: all fail at once
-            check_options(schedule, topology, replan, overlap, every, outer)
-            average_grads = check_average_grads(average_grads, optimizer, overlap)
-            codec_for(wire)
-            Fragments(Shuffle(2), fragments)
-            if nonfinite not in ("raise", "skip"):
-                raise UsageError(f"nonfinite={nonfinite!r}: choose 'raise' or 'skip'")
+            opts = wanted.check(optimizer)
         except UsageError as e:
             self._refusal = str(e)
-            schedule, topology, replan, overlap, every, outer = None, None, 0, False, 1, None
-            wire, fragments, nonfinite, average_grads = "fp32", 1, "raise", False
-        if topology is not None:
-            schedule = plan_topology_aware(topology, max_every=replan or 8)
-        if schedule is None:
-            schedule = default_schedule(self.world_size)
-        self.fragments = fragments
-        self.schedule = Fragments(schedule, fragments) if fragments != 1 else schedule
-        self.average_buffers = average_buffers
-        self.average_frozen = average_frozen
-        self.broadcast_init = broadcast_init
+            opts = Options(timeout_s=DEFAULT_TIMEOUT_S).check(None)
+        if opts.topology is not None:
+            schedule = plan_topology_aware(opts.topology, max_every=opts.replan or 8)
+        else:
+            schedule = opts.schedule or default_schedule(self.world_size)
+        self.options = opts
+        self.schedule = Fragments(schedule, opts.fragments) if opts.fragments != 1 else schedule
         self.optimizer = optimizer
-        self.bucket_bytes = bucket_bytes
-        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
-        self.every, self.replan, self.overlap = every, replan, overlap
         self.steps = 0
         self.averagings = 0
         self._closed = False
-        self.pairs = pairs
-        self.wire = codec_for(wire).name
-        self.nonfinite = nonfinite
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
-        self.outer = None if outer is None else Outer(trainable, outer)
+        self.outer = None if opts.outer is None else Outer(trainable, opts.outer)
         self.before_step = (
             BeforeStep(self, optimizer, optimizer_params(module, optimizer))
-            if average_grads
+            if opts.average_grads
             else None
         )
-        check_start(self)
-        self._buckets = FlatBuckets(self._tensors(), bucket_bytes)
+        check_start(self, opts.agreement())
+        self._buckets = FlatBuckets(self._tensors(), opts.bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
         device = None if first is None else first.device
         self.router = Router(
             process_group,
             self.schedule,
-            self.timeout_s,
-            bucket_bytes,
-            pairs=pairs,
+            opts.timeout_s,
+            opts.bucket_bytes,
+            pairs=opts.pairs,
             device=device,
-            wire=self.wire,
-            inband=not replan,  # re-planning times the transfer after the tags came apart
-            nonfinite=nonfinite,
+            wire=opts.wire,
+            inband=not opts.replan,  # re-planning times the transfer after the tags came apart
+            nonfinite=opts.nonfinite,
         )
         self.router.names = self._name_at
-        if broadcast_init:
+        if opts.broadcast_init:
             with torch.no_grad():
                 everything = list(module.parameters()) + list(module.buffers())
-                broadcast_tensors(everything, 0, process_group, self.timeout_s, self.router.roll)
+                broadcast_tensors(everything, 0, process_group, opts.timeout_s, self.router.roll)
         if self.outer is not None:
             self.outer.reset()
         self._prepare_cycle()
         self.replanner = (
-            Replanner(schedule, replan, module_device(module), fragments=fragments)
-            if replan
+            Replanner(schedule, opts.replan, module_device(module), fragments=opts.fragments)
+            if opts.replan
             else None
         )
         self._overlap = (
             Overlap(
                 process_group,
-                self.timeout_s,
-                bucket_bytes,
+                opts.timeout_s,
+                opts.bucket_bytes,
                 device,
                 self.router.groups,
-                wire=self.wire,
+                wire=opts.wire,
                 residuals=self.router.residuals,
-                nonfinite=nonfinite,
+                nonfinite=opts.nonfinite,
             )
-            if overlap
+            if opts.overlap
             else None
         )
+
+    # What the instance runs with, read from its options (set once, at construction).
+    every = property(lambda self: self.options.every)
+    replan = property(lambda self: self.options.replan)
+    overlap = property(lambda self: self.options.overlap)
+    wire = property(lambda self: codec_for(self.options.wire).name)
+    fragments = property(lambda self: self.options.fragments)
+    pairs = property(lambda self: self.options.pairs)
+    nonfinite = property(lambda self: self.options.nonfinite)
+    bucket_bytes = property(lambda self: self.options.bucket_bytes)
+    timeout_s = property(lambda self: float(self.options.timeout_s))
+    average_buffers = property(lambda self: self.options.average_buffers)
+    average_frozen = property(lambda self: self.options.average_frozen)
+    broadcast_init = property(lambda self: self.options.broadcast_init)
 
     def _plan_source(self) -> tuple[Topology, dict[str, Any]] | None:
         """The topology and planner settings this run's plan was made from (None: not planned)."""
@@ -538,8 +493,8 @@ class DSSync(Strategy, Joinable):
         if not replanned and state.get("schedule") != self._planned and not self._replay(state):
             raise UsageError(
                 f"checkpoint was written with schedule {state.get('schedule')}, this run uses "
-                f"{self._planned}; resume with the same --schedule, --group-size, --seed and "
-                "--replan (for a topology-aware plan, the same hosts and racks)"
+                f"{self._planned}; resume with the same schedule= (type, group size and seed) "
+                "and replan= (for a topology-aware plan, the same hosts and racks)"
             )
         for key, on in (
             ("outer", self.outer),
@@ -550,7 +505,7 @@ class DSSync(Strategy, Joinable):
                 raise UsageError(
                     f"checkpoint was written {'with' if key in state else 'without'} {key}=, "
                     f"this run {'uses' if on is not None else 'does not use'} it; resume with "
-                    "the same options (--outer, --overlap, --replan)"
+                    "the same options (outer=, overlap=, replan=)"
                 )
         self.finish()  # one already in flight completes so the group's messages stay matched
         self.steps = int(state["steps"])
@@ -559,7 +514,7 @@ class DSSync(Strategy, Joinable):
         if saved["format"] != self.wire:
             raise UsageError(
                 f"checkpoint was written with wire={saved['format']}, this run uses "
-                f"wire={self.wire}; resume with the same --wire"
+                f"wire={self.wire}; resume with the same wire="
             )
         if self.wire != "fp32":
             self.router.residuals.load_state_dict(saved)
@@ -569,61 +524,6 @@ class DSSync(Strategy, Joinable):
             self._overlap.load_state_dict(state["overlap"])
         if self.replanner is not None:
             self.replanner.load_state_dict(state["replan"], self)
-
-
-def check_options(
-    schedule: Schedule | None,
-    topology: Topology | None,
-    replan: int,
-    overlap: bool,
-    every: int,
-    outer: OuterFactory | None,
-) -> None:
-    """Refuse a value or a pair of DSSync's options that cannot work, naming why and the fix."""
-    if every < 1:
-        raise UsageError(f"every={every} must be >= 1 (optimizer steps per averaging); try 1 or 4")
-    if replan < 0:
-        raise UsageError(f"replan={replan} must be >= 0 (averagings between re-plans; 0: off)")
-    if topology is not None and schedule is not None:
-        raise UsageError(
-            "pass topology= or schedule=, not both: topology= makes the schedule "
-            "(plan_topology_aware(topology)); for other planner settings pass that schedule"
-        )
-    if replan and topology is None and getattr(schedule, "planned_from", None) is None:
-        raise UsageError(
-            f"replan={replan} re-plans a topology-aware plan, but the schedule is "
-            f"{'the default' if schedule is None else schedule.describe()}; pass topology= "
-            "(or schedule=plan_topology_aware(...)), or replan=0"
-        )
-    if overlap and replan:
-        raise UsageError(
-            "overlap=True with replan: an overlapped average hides its transfer time, which is "
-            "what re-planning measures; use one of them (replan=0, or overlap=False)"
-        )
-    if outer is not None and not callable(outer):
-        raise UsageError(
-            f"outer= must be a factory params -> torch.optim.Optimizer, not {type(outer).__name__}; "
-            "try outer=dssync.nesterov()"
-        )
-
-
-def check_average_grads(
-    average_grads: bool | None, optimizer: torch.optim.Optimizer | None, overlap: bool
-) -> bool:
-    """Whether to average at the optimizer's step; None: yes for an Adam-family ``optimizer``."""
-    if average_grads is None:
-        return is_adaptive(optimizer) and not overlap
-    if average_grads and optimizer is None:
-        raise UsageError(
-            "average_grads=True averages at the optimizer's step; pass optimizer= (the one "
-            "whose step() follows backward), or average_grads=False"
-        )
-    if average_grads and overlap:
-        raise UsageError(
-            "average_grads=True averages before the optimizer steps, overlap=True behind the "
-            "next steps; use one of them (average_grads=False, or overlap=False)"
-        )
-    return bool(average_grads)
 
 
 class _ServeGroups(JoinHook):

@@ -147,8 +147,8 @@ class Replanner:
             raise UsageError(
                 f"checkpoint was written by topology-aware DS-Sync with {state.get('setup')}, "
                 f"this run uses {self.setup()}; resume with the same hosts and racks, "
-                "--group-size, --seed and --replan (spread=False: --sync dssync-topo-whole), "
-                "and the same min_every in plan_topology_aware"
+                "replan=, and the same group_size, seed, spread and min_every in "
+                "plan_topology_aware"
             )
         rates = {int(h): float(r) for h, r in state["host_mbit"].items()}
         self.topology = self.topology.with_rates(rates, state["uplink_mbit"])

@@ -39,7 +39,7 @@ at once:
   model holds every average taken; a resumed run is correct but, being asynchronous, not
   bit-identical to one never stopped.
 
-Example (under torchrun or :func:`dssync.launch.spawn`)::
+Example (under torchrun or :func:`dssync.lab.launch.spawn`)::
 
     sync = AsyncDSSync(model, seed=0)
     for x, y in loader:
@@ -64,7 +64,7 @@ from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.side import wire_group
 from dssync.comm.transport import average_tensors
-from dssync.comm.wait import WaitFailed, wait_for
+from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
@@ -100,7 +100,7 @@ class AsyncDSSync(Strategy):
         process_group: dist.ProcessGroup | None = None,
         seed: int = 0,
         average_buffers: bool = True,
-        timeout_s: float = 120.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(module, process_group)
         check_module(module)
@@ -129,7 +129,8 @@ class AsyncDSSync(Strategy):
         # Every rank agrees on the model (names, shapes, dtypes), the seed and the settings
         # before a byte of parameter data moves: a mismatch raises the same UsageError on every
         # rank within timeout_s (not an abort in the broadcast, or a pairing that hangs).
-        check_start(self)
+        buffers = (repr(average_buffers), "pass the same average_buffers= on every rank")
+        check_start(self, {"average_buffers (floating buffers averaged)": buffers})
         with torch.no_grad():
             broadcast_tensors(tensors, 0, process_group, timeout_s)
         numel = sum(t.numel() for t in self.tensors)
@@ -215,7 +216,7 @@ class AsyncDSSync(Strategy):
             raise PeerLost(
                 f"rank {self.rank} got no answer from passive rank {peer} at step {self.steps} "
                 f"within timeout_s={self.timeout_s:g} ({type(e).__name__}): it died or stopped; "
-                "rerun with --resume, or raise --timeout",
+                "resume from the last checkpoint, or raise timeout_s",
                 step=self.steps,
                 group=sorted([self.rank, peer]),
                 ranks=[peer],
@@ -313,8 +314,8 @@ class _Server:
                 silent = [a for a in range(0, self.sync.world_size, 2) if a not in self.done]
                 raise PeerLost(
                     f"rank {self.sync.rank} waited at the end for active ranks {silent}: nothing "
-                    f"came within timeout_s={self.sync.timeout_s:g} (died or stopped); rerun "
-                    "with --resume, or raise --timeout",
+                    f"came within timeout_s={self.sync.timeout_s:g} (died or stopped); resume "
+                    "from the last checkpoint, or raise timeout_s",
                     step=self.sync.steps,
                     group=list(range(self.sync.world_size)),
                     ranks=silent,
@@ -357,7 +358,7 @@ class _Server:
         except Exception as e:  # noqa: BLE001 - the training loop raises it at its next step
             self.error = PeerLost(
                 f"rank {sync.rank}'s serving thread lost an active rank ({type(e).__name__}: "
-                f"{e}); resume from a checkpoint, or raise timeout_s",
+                f"{e}); resume from the last checkpoint, or raise timeout_s",
                 step=sync.steps,
                 group=list(range(sync.world_size)),
                 ranks=[],

@@ -27,7 +27,7 @@ imposes where gloo is more forgiving:
 Operations complete in posting order per group (one thread waits for them one after another), as
 kernels on one NCCL stream do.
 
-Example (inside a worker started by :func:`dssync.launch.spawn`)::
+Example (inside a worker started by :func:`dssync.lab.launch.spawn`)::
 
     from dssync.testing import nccl_like
     nccl_like.use_nccl_like_world(timeout_s=60)   # the default group is now nccl_like
@@ -288,7 +288,7 @@ def register() -> None:
 def use_nccl_like_world(timeout_s: float = 60.0) -> None:
     """Replace the default (gloo) group of this worker by an nccl_like one over the same ranks.
 
-    Every rank calls this. It reuses the store of the group :func:`dssync.launch.spawn` made, so
+    Every rank calls this. It reuses the store of the group :func:`dssync.lab.launch.spawn` made, so
     groups made later with the default backend (``dist.new_group(ranks)``) are nccl_like too.
     ``timeout_s`` is the group's timeout: the watchdog's.
     """

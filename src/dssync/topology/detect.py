@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from dssync.comm.meta import bounded
 from dssync.comm.side import side_group
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.topology.model import Topology
 
@@ -51,7 +52,7 @@ def detect(
     probe: bool = False,
     probe_bytes: int = 2_000_000,
     probe_rounds: int = 7,
-    timeout_s: float = 60.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Topology:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from dssync.comm.clock import clock
 from dssync.comm.exchange import swap_ops, wait
 from dssync.comm.tags import PROBE, Tag
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.topology.model import Topology
 
 
@@ -55,7 +56,7 @@ def probe_bandwidth(
     topo: Topology,
     nbytes: int = 2_000_000,
     rounds: int = 7,
-    timeout_s: float = 60.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,

@@ -1,0 +1,158 @@
+"""A Lighthouse and replicas as local processes, each killed when the test ends.
+
+Every process starts in a session of its own and ends by its own deadline too (``signal.alarm``
+in ``replica.py`` and the Lighthouse script), so nothing outlives a test that was itself killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SRC = HERE.parent.parent / "src"
+LIGHTHOUSE = """
+import signal, sys, time
+from torchft.coordination import LighthouseServer
+signal.alarm({deadline})
+s = LighthouseServer(bind="[::]:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
+                     heartbeat_timeout_ms={heartbeat_ms})
+print(s.address(), flush=True)
+sys.stdin.read()  # until the test closes it, or the alarm
+"""
+
+
+class Cluster:
+    """Start, watch and kill the processes of one test; :meth:`close` kills what is left."""
+
+    def __init__(self, tmp: Path, heartbeat_ms: int = 2000, deadline_s: float = 240.0) -> None:
+        self.tmp = tmp
+        self.log = tmp / "steps.jsonl"
+        self.go = tmp / "go"
+        self.heartbeat_ms = heartbeat_ms
+        self.deadline_s = deadline_s
+        self.procs: list[subprocess.Popen] = []
+        self.replicas: dict[int, subprocess.Popen] = {}
+        self.address = ""
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+
+    def lighthouse(self, min_replicas: int = 2, join_ms: int = 30000, wait_s: float = 60) -> str:
+        code = LIGHTHOUSE.format(
+            deadline=int(self.deadline_s),
+            min_replicas=min_replicas,
+            join_ms=join_ms,
+            heartbeat_ms=self.heartbeat_ms,
+        )
+        proc = self._start([sys.executable, "-c", code], "lighthouse", stdin=subprocess.PIPE)
+        out = self.tmp / "lighthouse.out"
+        deadline = time.monotonic() + wait_s
+        while not (text := out.read_text().strip()):
+            assert proc.poll() is None, f"the Lighthouse ended: {self._tail('lighthouse.err')}"
+            assert time.monotonic() < deadline, f"no Lighthouse address in {wait_s} s"
+            time.sleep(0.1)
+        self.address = text.splitlines()[0]
+        return self.address
+
+    def replica(self, n: int, steps: int, *extra: str, go: Path | None = None) -> subprocess.Popen:
+        """Start replica ``n``; it joins when ``go`` (default: :attr:`go`) exists."""
+        cmd = [
+            sys.executable,
+            str(HERE / "replica.py"),
+            f"--replica={n}",
+            f"--lighthouse={self.address}",
+            f"--steps={steps}",
+            f"--log={self.log}",
+            f"--deadline-s={self.deadline_s}",
+            *extra,
+        ]
+        cmd.append(f"--go={go or self.go}")
+        proc = self._start(cmd, f"replica{n}")
+        self.replicas[n] = proc
+        return proc
+
+    def _start(self, cmd: list[str], name: str, stdin=None) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=stdin,
+            stdout=open(self.tmp / f"{name}.out", "w"),
+            stderr=open(self.tmp / f"{name}.err", "w"),
+            env=self.env(),
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def records(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def wait_for(self, what, timeout_s: float, why: str):
+        """Poll the records until ``what(records)`` is truthy; fail naming ``why``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = what(self.records())
+            if found:
+                return found
+            self.check_alive()
+            assert time.monotonic() < deadline, f"not within {timeout_s} s: {why}"
+            time.sleep(0.1)
+
+    def check_alive(self) -> None:
+        for n, p in self.replicas.items():
+            if p.poll() not in (None, 0, -signal.SIGKILL):
+                raise AssertionError(
+                    f"replica {n} failed ({p.returncode}):\n{self._tail(f'replica{n}.err')}"
+                )
+
+    def ready(self, count: int, timeout_s: float = 90, go: Path | None = None) -> None:
+        """Wait until ``count`` replicas are ready (imported), then let them join (``go``)."""
+        self.wait_for(
+            lambda rs: sum(1 for r in rs if r.get("ready")) >= count,
+            timeout_s,
+            f"{count} replicas ready",
+        )
+        (go or self.go).touch()
+
+    def finish(self, replicas: list[int], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for n in replicas:
+            p = self.replicas[n]
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"replica {n} did not finish within {timeout_s} s:\n{self._tail(f'replica{n}.err')}"
+                ) from None
+            assert p.returncode == 0, (
+                f"replica {n} exited {p.returncode}:\n{self._tail(f'replica{n}.err')}"
+            )
+
+    def kill(self, n: int) -> None:
+        os.killpg(self.replicas[n].pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait(10)
+
+    def _tail(self, name: str, lines: int = 25) -> str:
+        path = self.tmp / name
+        text = path.read_text() if path.exists() else ""
+        keep = [line for line in text.splitlines() if "heartbeat" not in line.lower()]
+        return "\n".join(keep[-lines:])
+
+
+def steps_of(records: list[dict], replica: int) -> list[dict]:
+    return [r for r in records if r.get("replica") == replica and "step" in r]
