@@ -24,8 +24,8 @@ def _measure(numel: int, chunk_bytes: int, window: int, steps: int) -> dict:
 
     def init(self, *args, **kwargs):
         build(self, *args, **kwargs)
-        self.router.exchange.chunk_bytes = chunk_bytes
-        self.router.exchange.window = window
+        self.router.transport.chunk_bytes = chunk_bytes
+        self.router.transport.window = window
 
     DSSync.__init__ = init  # in this worker process only
     return sync_cost.measure(numel, 2, steps)

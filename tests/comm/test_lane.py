@@ -23,7 +23,7 @@ def _buffers(rank: int) -> list[torch.Tensor]:
 def _same_bits_as_blocking(group: list[int], chunk_bytes: int):
     rank = dist.get_rank()
     lane = Lane(None, timeout_s=30)
-    lane.router.exchange.chunk_bytes = chunk_bytes  # several chunks through the window
+    lane.router.transport.chunk_bytes = chunk_bytes  # several chunks through the window
     router = Router(None, timeout_s=30, chunk_bytes=chunk_bytes)
     mine = _buffers(rank)
     given = [b.clone() for b in mine]

@@ -22,7 +22,7 @@ def _late_and_absent(out_dir: str) -> None:
     1 s, so without the early word rank 0 (waiting since 2 s, failing at 5 s) was still silent
     when ranks 1 and 2 (failing at 3 s) gave up asking at 4 s."""
     from dssync.comm import exchange
-    from dssync.comm.exchange import average_tensors
+    from dssync.comm.transport import average_tensors
 
     exchange.RollCall.__init__.__defaults__ = (None, 1.0)
     rank = dist.get_rank()

@@ -75,7 +75,7 @@ def _first_ops_as_if_nccl() -> list[str]:
 
 
 def _batches(pairs, cycle3) -> list[list[tuple[str, int]]]:
-    """Each batch posted by the Exchange (a pair, then a group of three) and by the start-up
+    """Each batch posted by the transport (a pair, then a group of three) and by the start-up
     probe's swap: (operation, peer) in order."""
     from dssync.topology.probe import _swap
 

@@ -1,4 +1,4 @@
-"""What moves bytes: the averaging core, flat buckets, point-to-point exchange, tags, agreement."""
+"""What moves bytes: the averaging core, the one transport, flat buckets, tags, agreement."""
 
 from dssync.comm.buckets import (
     DEFAULT_BUCKET_BYTES,
@@ -8,8 +8,8 @@ from dssync.comm.buckets import (
     unpack,
 )
 from dssync.comm.consensus import consensus_distance, fingerprint_check
-from dssync.comm.exchange import average_tensors
 from dssync.comm.groups import GroupCache
+from dssync.comm.transport import average_tensors
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",

@@ -1,14 +1,16 @@
 """The averaging core: one routine that averages flat buffers inside a group of ranks.
 
 :class:`Router` is made once per parent process group. Given this step's group (ranks of the
-parent group), it picks how the bytes move, with no process group created after construction:
+parent group), it hands the buffers to the one transport (:class:`~dssync.comm.transport.
+Transport`) and tells it whether a collective may carry them, with no process group created
+after construction:
 
 * the whole parent group: a collective on the parent group itself;
 * a group of a repeating schedule with more than two members: a collective on a group made at
   construction (when the parent group is the world; see :meth:`Router.prepare`), at most
   ``max_groups`` of them (a long cycle of larger groups would otherwise hold thousands);
-* anything else (pairs, groups beyond the cap, groups of a schedule that never repeats):
-  point-to-point exchange on the parent group (:class:`~dssync.comm.exchange.Exchange`).
+* anything else (pairs, groups beyond the cap, groups of a schedule that never repeats), and
+  every average on a compressed wire: point to point on the parent group.
 
 ``pairs="all_reduce"`` makes pairs groups too (a repeating schedule's pairs, or every pair of the
 world for a schedule of pairs that never repeats, within the cap), so that the two paths can be
@@ -16,12 +18,13 @@ compared in the same run (``dssync bench --method dssync-allreduce``); the defau
 needs no group per pair at any world size.
 
 On nccl the first point-to-point operation of a communicator must not come before any
-collective, so a Router on a group that is not gloo (nccl, the ``nccl_like`` test backend) runs one all_reduce of one element on ``device`` (the
-parameters' device; by default the current CUDA device) at construction.
+collective, so a Router on a group that is not gloo (nccl, the ``nccl_like`` test backend)
+runs one all_reduce of one element on ``device`` (the parameters' device; by default the
+current CUDA device) at construction.
 
 Every call carries a :class:`~dssync.comm.tags.Tag` (kind, step, bucket layout, and whether every
 value this rank sends is finite), compared on the device, and every wait is bounded by
-``timeout_s`` (see :mod:`dssync.comm.exchange`). A "no" (tags that differ, or a member whose
+``timeout_s`` (see :mod:`dssync.comm.transport`). A "no" (tags that differ, or a member whose
 values are not finite) leaves every member with the values it had, residuals included: where
 the host has the verdict without waiting (the CPU) the transfer stops before anything received
 is used; on a device the Router keeps copies and selects them back on the device
@@ -53,14 +56,7 @@ from torch.distributed.algorithms.model_averaging.utils import get_params_to_ave
 
 from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, pack, unpack
 from dssync.comm.devices import check_device, local_device
-from dssync.comm.encoded import encoded_average
-from dssync.comm.exchange import (
-    DEFAULT_CHUNK_BYTES,
-    Exchange,
-    RollCall,
-    collective_average,
-    wait,
-)
+from dssync.comm.exchange import RollCall, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import (
     ALL,
@@ -72,6 +68,7 @@ from dssync.comm.tags import (
     layout_of,
     reads_free,
 )
+from dssync.comm.transport import DEFAULT_CHUNK_BYTES, Transport
 from dssync.comm.wire import Residuals, codec_for, ranged_codec
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
@@ -89,7 +86,7 @@ class Router:
     Every rank of the parent group makes a Router at the same point (it may create the groups of
     a repeating schedule). ``created`` counts the process groups it made; it only grows in
     :meth:`prepare`, never while averaging. ``inband=False`` sends a pair's tag in a message of its
-    own even where it could ride in the data's (:class:`~dssync.comm.exchange.Exchange`), so that
+    own even where it could ride in the data's (:class:`~dssync.comm.transport.Transport`), so that
     :attr:`arrived` is set after every average with a peer.
 
     Example::
@@ -137,7 +134,7 @@ class Router:
         self.rank = dist.get_rank(self.parent)
         self.timeout_s = float(timeout_s)
         self.bucket_bytes = bucket_bytes
-        self.exchange = Exchange(self.parent, chunk_bytes, inband=inband)
+        self.transport = Transport(self.parent, chunk_bytes, inband=inband)
         self.roll = RollCall(self.parent)  # finds the missing ranks of a failed collective
         self.groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._elsewhere: set[tuple[int, ...]] = set()
@@ -263,26 +260,20 @@ class Router:
         collective = made and not residuals
         tag = Tag(kind, step, layout_of(every, part))
         finite = finite_of(every)  # on the device; it travels in the tag
-        if residuals:
-            self.arrived, verdict = encoded_average(
-                every,
-                residuals,
-                codecs,
-                self.parent,
-                group,
-                tag,
-                self.timeout_s,
-                self.roll,
-                finite,
-            )
-        elif collective:
-            pg = self.parent if len(group) == self.size else self.groups[tuple(group)]
-            self.arrived, verdict = collective_average(
-                every, pg, group, tag, self.timeout_s, self.roll, finite
-            )
-        else:
-            self.exchange.average(every, group, tag, self.timeout_s, finite)
-            self.arrived, verdict = self.exchange.arrived, self.exchange.verdict
+        made_pg = None
+        if collective:
+            made_pg = self.parent if len(group) == self.size else self.groups[tuple(group)]
+        self.arrived, verdict = self.transport.average(
+            every,
+            group,
+            tag,
+            self.timeout_s,
+            finite,
+            codecs=codecs,
+            residuals=residuals,
+            collective=made_pg,
+            roll=self.roll,
+        )
         ok = verdict.known()
         if ok is None:  # on a device: select the kept values back there, read the verdict later
             for t, s in zip(kept, saved, strict=True):

@@ -6,8 +6,9 @@ A :class:`Lane` is made once, collectively, by every rank of a training group. I
   never on the hot path), so that its traffic can never interleave with what the caller's thread
   sends on the training group meanwhile (a logging all_reduce, another strategy's collective);
 * a :class:`~dssync.comm.averager.Router` on that group, so a lane average takes exactly the path
-  and produces exactly the bits of a blocking one: the pair exchange with its chunk window, the
-  k-1-buffer exchange of a larger group, a collective for the whole group;
+  and produces exactly the bits of a blocking one, through the one transport
+  (:class:`~dssync.comm.transport.Transport`: a pair's chunk window on gloo, the shares of a
+  larger group, a collective for the whole group);
 * one worker thread that runs those averages one after another.
 
 :meth:`Lane.start` hands the worker a group and flat buffers and returns a :class:`Pending` at

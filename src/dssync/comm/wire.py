@@ -21,7 +21,7 @@ What remains after an exchange, and why consensus still holds:
   the messages. So the global mean of the parameters drifts from what fp32 averaging would give
   by ``-mean(e)``, which never grows: each ``|e|`` is one encoding's error, at most half an int8
   step (``max|v| / 254`` of its chunk) or half a bf16/fp16 unit in the last place of ``v``.
-  A group of three or more encodes its mean once more (:mod:`dssync.comm.encoded`, two
+  A group of three or more encodes its mean once more (:mod:`dssync.comm.transport`, two
   stages) and the owner of each share keeps ``k`` times that second error in its residual for
   it, so there the drift is at most one more encoding's error of the mean per coordinate.
   What one averaging loses is sent again at the next, so errors do not accumulate.

@@ -1,7 +1,7 @@
 """Re-planning a topology-aware plan when a link slows down or recovers (``DSSync(replan=R)``).
 
 Every rank times the transfer part of its group's averaging: from the moment every member's tag
-has arrived (:attr:`~dssync.comm.exchange.Exchange.arrived`, the tags ride the average itself),
+has arrived (:attr:`~dssync.comm.averager.Router.arrived`, the tags ride the average itself),
 so waiting for a late partner is not counted and no extra message is sent. Every ``replan``
 averagings all ranks share a summary of those times in one all_reduce of a fixed-size tensor
 (each rank fills its own row), compute the same new estimate of the topology from it, and, if

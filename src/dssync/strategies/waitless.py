@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -62,8 +61,9 @@ from torch import nn
 
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
-from dssync.comm.exchange import average_tensors, broadcast_tensors
+from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
@@ -333,14 +333,15 @@ class _Server:
         try:
             while len(self.done) < self.actives:
                 asked = dist.irecv(head, src=None, group=sync.wire, tag=HEAD)
-                asked.wait(timeout=timedelta(seconds=max(sync.timeout_s, IDLE_S)))
+                wait_for(asked, time.monotonic() + max(sync.timeout_s, IDLE_S), sync.wire)
                 active = asked._source_rank()  # a rank of the wire group: the sync's rank
                 src = sync.ranks[active]
                 self.heard = time.monotonic()
                 if head[0].item() == DONE:
                     self.done.add(active)
                     continue
-                dist.recv(incoming, src, group=sync.wire, tag=DATA)
+                got = dist.irecv(incoming, src, group=sync.wire, tag=DATA)
+                wait_for(got, time.monotonic() + sync.timeout_s, sync.wire)
                 with self.lock:
                     answer.copy_(self.served)
                     if head[2].item() == sync.layout:  # else the active raises SyncError

@@ -21,10 +21,9 @@ from torch import nn
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.align import align_rest
 from dssync.comm.averager import Router
-from dssync.comm.exchange import broadcast_tensors, swap_ops
-from dssync.comm.tags import ALL
-from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
-from dssync.errors import PeerLost
+from dssync.comm.exchange import broadcast_tensors, swap_ops, wait
+from dssync.comm.tags import ALL, STEP, Tag
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.schedules.gossip import ring_peers
 from dssync.strategies.base import Strategy, SyncTimer
 
@@ -92,24 +91,34 @@ class DPSGD(Strategy):
             self.steps += 1
 
     def _exchange(self) -> None:
-        ops = []
+        """Swap every bucket with both neighbours in one batch (receives first), each wait the
+        one bounded wait (:func:`dssync.comm.exchange.wait`) naming the neighbour it waits on."""
+        ops, named = [], []
         for peer, inbox in zip(self.peers, self._inbox, strict=True):
             dst = self._global(peer)
             for tag, (buf, recv) in enumerate(zip(self._buckets.buffers, inbox, strict=True)):
                 ops += swap_ops(recv, buf, dst, self.process_group, tag)
-        deadline = time.monotonic() + self.timeout.total_seconds()
-        for work in dist.batch_isend_irecv(ops):
-            try:
-                wait_for(work, deadline, self.process_group)
-            except WaitFailed as e:
-                raise PeerLost(
-                    f"rank {self.rank} got no parameters from its ring neighbours {self.peers} "
-                    f"within {self.timeout.total_seconds():.0f}s at step {self.steps} ({e}); "
-                    "a neighbour died or stopped: rerun with --resume, or raise --timeout",
-                    step=self.steps,
-                    group=self.current_group(),
-                    ranks=self.peers,
-                ) from e
+                named += [peer, peer]
+        timeout_s = self.timeout.total_seconds()
+        deadline = time.monotonic() + timeout_s
+        tag = Tag(STEP, self.steps, self._buckets.layout())
+        what = f"rank {self.rank} got no parameters from its ring neighbours {self.peers}"
+        works = dist.batch_isend_irecv(ops)
+        if len(works) != len(ops):  # a backend that coalesces the batch: both neighbours
+            named = [sorted(set(self.peers))] * len(works)
+        else:
+            named = [[p] for p in named]
+        for work, peers in zip(works, named, strict=True):
+            wait(
+                work,
+                deadline,
+                tag,
+                self.current_group(),
+                timeout_s,
+                peers,
+                what=what,
+                process_group=self.process_group,
+            )
         share = 1.0 / (1 + len(self.peers))
         for i, buf in enumerate(self._buckets.buffers):
             for inbox in self._inbox:

@@ -68,8 +68,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.align import align_rest
-from dssync.comm.exchange import average_tensors, broadcast_tensors
+from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.side import wire_group
+from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
 from dssync.strategies.base import Strategy, SyncTimer
@@ -447,7 +448,9 @@ class _Server:
         host = [torch.empty_like(h) for h in ps._host]
         try:
             while len(self.done) < self.n - 1:
-                src = dist.recv(header, src=None, group=ps.requests)
+                asked = dist.irecv(header, src=None, group=ps.requests)
+                wait_for(asked, time.monotonic() + max(ps.timeout_s, IDLE_S), ps.requests)
+                src = dist.get_global_rank(ps.requests, asked._source_rank())  # as recv gave
                 worker = ps.ranks.index(src)
                 kind, clock, lrs = header[0].item(), int(header[1].item()), header[2:].tolist()
                 if kind == PUSH:

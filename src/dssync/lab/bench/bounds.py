@@ -29,7 +29,7 @@ def ring_allreduce(group: list[int], nbytes: float) -> list[Send]:
 
 
 def all_to_all(group: list[int], nbytes: float) -> list[Send]:
-    """A compressed average of a group of three or more (:mod:`dssync.comm.encoded`): each member
+    """A compressed average of a group of three or more (:mod:`dssync.comm.transport`): each member
     sends each other member a 1/g share of ``nbytes``, then that share's mean back (two stages)."""
     g = len(group)
     return [(a, b, 2 * nbytes / g) for a in group for b in group if a != b]

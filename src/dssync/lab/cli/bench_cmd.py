@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dssync.comm.encoded import LARGE_GROUPS
+from dssync.comm.transport import LARGE_GROUPS
 from dssync.lab.bench.cluster_worker import Burn
 from dssync.lab.cli.options import dssync_options
 from dssync.lab.cli.output import console, provenance, write_json

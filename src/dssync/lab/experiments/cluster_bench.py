@@ -250,7 +250,7 @@ def bound_bytes(options: dict[str, Any], params: int) -> float:
 
 def compressed(options: dict[str, Any]) -> bool:
     """Whether a run with ``options`` sends a compressed wire (its global averages then go all
-    to all in two stages, :mod:`dssync.comm.encoded`)."""
+    to all in two stages, :mod:`dssync.comm.transport`)."""
     return (options.get("wire") or "fp32") != "fp32"
 
 
