@@ -69,12 +69,12 @@ from dssync.comm.tags import (
     reads_free,
 )
 from dssync.comm.transport import DEFAULT_CHUNK_BYTES, Transport
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.comm.wire import Residuals, codec_for, ranged_codec
 from dssync.errors import SyncError, UsageError
 from dssync.schedules import Schedule, Shuffle, group_of
 from dssync.schedules.base import WHOLE, Part, part_slice
 
-DEFAULT_TIMEOUT_S = 120.0
 MAX_GROUPS = 256  # process groups one Router makes at most; beyond, groups go point to point
 PAIRS = ("exchange", "all_reduce")
 NONFINITE = ("raise", "skip")  # what a Router does when a member's values are not finite

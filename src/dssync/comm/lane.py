@@ -58,9 +58,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.averager import Router
 from dssync.comm.inflight import close_at_exit
 from dssync.comm.tags import Tag, layout_of
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import PeerLost, UsageError
 from dssync.schedules.base import WHOLE, Part
 

@@ -74,6 +74,7 @@ from dssync.comm.buckets import DEFAULT_BUCKET_BYTES, ROOM_BYTES, pack, room_of,
 from dssync.comm.exchange import RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag, Verdict, layout_of
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.comm.wire import CHUNK, Codec, codec_for, encode_with_feedback, shares
 from dssync.errors import SyncError
 
@@ -378,7 +379,7 @@ def average_tensors(
     group: dist.ProcessGroup | None,
     group_size: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> float:
     """Average ``tensors`` over every rank of ``group``: pack, reduce, unpack (tagged, bounded;
     a rank missing past ``timeout_s`` is named). Returns when every member had come

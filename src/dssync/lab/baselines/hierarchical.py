@@ -11,10 +11,11 @@ from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, pack, unpack
 from dssync.comm.align import align_rest
-from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 from dssync.topology import Topology

@@ -8,9 +8,10 @@ from torch import nn
 
 from dssync.comm import DEFAULT_BUCKET_BYTES, FlatBuckets
 from dssync.comm.align import align_rest
-from dssync.comm.averager import DEFAULT_TIMEOUT_S, Router
+from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.tags import ALL
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.strategies.base import Strategy, SyncTimer
 

@@ -118,7 +118,7 @@ def time_passes(
     one_pass: Callable[[], object],
     device: torch.device,
     group: dist.ProcessGroup | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> float:
     """Seconds of ``one_pass()`` (a forward and backward pass): each rank's fastest of
     :data:`TIMED_PASSES` (after a warm-up), the slowest rank's figure (collective over

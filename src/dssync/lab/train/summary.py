@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dssync.comm import average_tensors, consensus_distance, meta
-from dssync.comm.averager import DEFAULT_TIMEOUT_S
 from dssync.comm.clock import clock
 from dssync.comm.meta import gather_objects
 from dssync.comm.side import side_group
+from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.lab.config import TrainConfig
 from dssync.lab.methods import configure
 from dssync.lab.train.data import RankData
