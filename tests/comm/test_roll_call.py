@@ -50,3 +50,30 @@ def test_a_member_waiting_in_a_global_average_is_not_named_missing(tmp_path):
         assert report["kind"] == "PeerLost", report
         assert report["ranks"] == [3], report
         assert "rank 3 never came" in report["message"], report
+
+
+def _one_fails_late(out_dir: str) -> None:
+    """After a closed connection: rank 1 asks at once, rank 0 (still waiting on a live member
+    until its deadline) reaches the failure 1.8 s later, rank 2 (the lost one) never does."""
+    from dssync.comm.exchange import CLOSED_WINDOW_S, RollCall
+    from dssync.comm.tags import STEP, Tag
+
+    rank = dist.get_rank()
+    roll, tag, group = RollCall(), Tag(STEP, 5, 1), [0, 1, 2]
+    if rank == 0:
+        time.sleep(1.8)
+        roll.missing(group, 3.0, tag, CLOSED_WINDOW_S)  # writes its key, asks for a second
+    if rank == 1:
+        t0 = time.monotonic()
+        found = roll.missing(group, 3.0, tag, CLOSED_WINDOW_S, until=t0 + 3.0)
+        Path(out_dir, "found").write_text(json.dumps([found, time.monotonic() - t0]))
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not Path(out_dir, "found").exists():
+        time.sleep(0.05)
+
+
+def test_a_member_failing_at_its_deadline_is_not_named_with_the_lost_one(tmp_path):
+    spawn(_one_fails_late, 3, args=(str(tmp_path),), timeout_s=60)
+    found, took = json.loads(Path(tmp_path, "found").read_text())
+    assert found == [2], found  # a 1 s window alone named [0, 2]
+    assert 1.5 < took < 4.5, took

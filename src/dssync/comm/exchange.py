@@ -98,15 +98,22 @@ def wait(
     except WaitFailed as e:
         silent = e.expired
         failed_at = time.monotonic()
-        if peers is None and roll is not None:  # after a closed connection the others are quick
-            peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S)
+        if peers is None and roll is not None:
+            # after a closed connection most members fail at once, but one that was waiting on
+            # a live member (a ring's neighbour) only fails at its own deadline: while two or
+            # more are absent, ask until then rather than name a member that is still waiting
+            until = None if silent else deadline + CLOSED_WINDOW_S
+            peers = roll.missing(group, timeout_s, tag, None if silent else CLOSED_WINDOW_S, until)
+        start = min(e.started, deadline - timeout_s)
         # silent: every second until now, the roll call's included; closed: until it closed
-        waited = (time.monotonic() if silent else failed_at) - min(e.started, deadline - timeout_s)
+        waited = (time.monotonic() if silent else failed_at) - start
+        asked = time.monotonic() - start
         cause = e.__cause__ if e.__cause__ is not None else e
+        said = lost(peers, silent, waited, timeout_s, came)
+        if not silent and asked - waited > CLOSED_WINDOW_S + STORE_GRACE_S:
+            said += f"; named after {asked:.1f} s, once the members still waiting had failed"
         raise PeerLost(
-            f"{what or tag.describe()} in group {group}: "
-            f"{lost(peers, silent, waited, timeout_s, came)}; "
-            f"cause: {type(cause).__name__}",
+            f"{what or tag.describe()} in group {group}: {said}; cause: {type(cause).__name__}",
             step=tag.step,
             group=group,
             ranks=peers,
@@ -200,29 +207,41 @@ class RollCall:
         return said
 
     def missing(
-        self, group: list[int], timeout_s: float, tag: Tag, window_s: float | None = None
+        self,
+        group: list[int],
+        timeout_s: float,
+        tag: Tag,
+        window_s: float | None = None,
+        until: float | None = None,
     ) -> list[int] | None:
         """Ranks of ``group`` that never reached this failure; None if the store cannot say.
 
-        Waits for their keys at most ``window_s`` (default: the roll call's own), and for the
-        store at most :data:`STORE_GRACE_S` beyond: a store whose host is stopped (SIGSTOP) does
-        not answer at all, and the roll call then gives up rather than hold the caller."""
+        Waits for their keys at most ``window_s`` (default: the roll call's own), then, while
+        two or more are still absent, until ``until`` (monotonic seconds; one lost member is
+        the usual case, and a second absent one is likely a member still waiting on a live
+        one until its own deadline); and for the store at most :data:`STORE_GRACE_S` beyond:
+        a store whose host is stopped (SIGSTOP) does not answer at all, and the roll call then
+        gives up rather than hold the caller."""
         window = self.window_s if window_s is None else min(window_s, self.window_s)
         span = min(timeout_s, window)
+        longest = span if until is None else max(span, until - time.monotonic())
         found: list[list[int] | None] = []
         asking = threading.Thread(
-            target=lambda: found.append(self._absent(group, tag, span)),
+            target=lambda: found.append(self._absent(group, tag, span, longest)),
             name="dssync-roll-call",
             daemon=True,
         )
         asking.start()
-        asking.join(span + STORE_GRACE_S)
+        asking.join(longest + STORE_GRACE_S)
         return found[0] if found else None
 
-    def _absent(self, group: list[int], tag: Tag, span: float) -> list[int] | None:
+    def _absent(
+        self, group: list[int], tag: Tag, span: float, longest: float | None = None
+    ) -> list[int] | None:
         ranks = [self._global(r) for r in group]
         base = self._key(group, tag)
-        end = time.monotonic() + span
+        start = time.monotonic()
+        end, last = start + span, start + (span if longest is None else longest)
         try:
             if self._round is not None:  # every member that came said so before the collective
                 never = [
@@ -240,7 +259,8 @@ class RollCall:
                     for r, g in zip(group, ranks, strict=True)
                     if not self.store.check([f"{base}/{g}"])
                 ]
-                if not absent or time.monotonic() > end:
+                now = time.monotonic()
+                if not absent or now > last or (now > end and len(absent) < 2):
                     return absent
                 time.sleep(0.05)
         except (dist.DistError, RuntimeError):  # the store's host is gone too
