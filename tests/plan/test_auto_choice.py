@@ -109,8 +109,8 @@ def test_a_given_every_is_what_the_pick_reports():
 def test_a_local_step_pick_applies_dilocos_outer_step_unless_outer_says_otherwise():
     topo = load_cluster("s2-inter-rack").topology()
     c = choose(topo, MNIST_2048, compute_s=0.018)
-    assert (c.method, c.outer) == ("dssync-topo-local", "nesterov")
-    assert "DiLoCo's outer Nesterov step at each average" in c.reason
+    assert (c.method, c.outer) == ("dssync-topo-local", "auto")  # none after Adam's steps
+    assert "DiLoCo's outer Nesterov step at each average (none after Adam" in c.reason
     plain = choose(topo, MNIST_2048, compute_s=0.018, outer="none")
     assert plain.outer == "none" and "outer" not in plain.reason
     given = choose(topo, MNIST_2048, compute_s=0.018, outer="nesterov")
@@ -123,7 +123,8 @@ def test_the_report_labels_the_outer_step_only_where_it_is_not_the_methods_own()
     pick = {"method": "dssync-topo-local", "every": 16, "outer": "nesterov"}
     assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov"
     assert picked({**pick, "outer": "none"}) == "dssync-topo-local:every=16"
-    assert picked({"method": "diloco", "every": 8, "outer": "nesterov"}) == "diloco:every=8"
+    assert picked({"method": "diloco", "every": 8, "outer": "auto"}) == "diloco:every=8"
+    assert picked({"method": "diloco", "outer": "nesterov"}) == "diloco:outer=nesterov"
     assert picked({"method": "dssync-topo", "every": None}) == "dssync-topo"  # older files
 
 
@@ -184,7 +185,7 @@ def test_a_kept_pick_is_compared_by_what_it_ran_and_only_ds_sync_labels_a_group_
     assert (_effective(kept, "every"), _effective(kept, "group_size")) == (4, 2)
     assert _effective(kept, "outer") == "none"
     diloco = {"method": "diloco", "every": 16, "outer": "nesterov", "group_size": 4}
-    assert picked(diloco) == "diloco:every=16"  # a global average has no groups to size
+    assert picked({**diloco, "outer": "auto"}) == "diloco:every=16"  # no groups to size
 
 
 def test_a_whole_rack_pick_sends_int8_over_a_slow_uplink_unless_wire_says_otherwise():

@@ -330,7 +330,7 @@ def auto(
     times; each rank's fastest pass, the slowest rank's figure, is the compute. Afterwards
     the module has no gradients, and its buffers (batch-norm statistics) and the random
     streams are as they were. ``probe=False`` skips the link probe (the planner then takes
-    1 Gbit/s hosts). ``every``, ``outer`` (``"none"`` or ``"nesterov"``), ``group_size`` and
+    1 Gbit/s hosts). ``every``, ``outer`` (``"none"``, ``"nesterov"`` or ``"auto"``: nesterov, none after Adam), ``group_size`` and
     ``wire`` fix what the planner would otherwise pick (``every=1``: an average every step);
     ``optimizer`` has its state averaged too, as ``DSSync(optimizer=...)``.
 
