@@ -243,7 +243,7 @@ class Transport:
             else:
                 msgs = [[b[x:y]] for x, y in cut]
                 own = b[a:z]
-                got = {p: [self._scratch((group.index(p), i), b)[a:z]] for p in peers}
+                got = {p: [self._scratch((peers.index(p), i), b)[a:z]] for p in peers}
             state[c] = (b, codec, cut, own, got)
             ops = []
             for p in peers:
