@@ -49,9 +49,8 @@ def _full(m: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in get_model_state_dict(m, options=opts).items()}
 
 
-def _parity(replicas: int, shards: int):
+def _parity(mesh):
     """DS-Sync with Global() every step (momentum averaged) against FSDP2's HSDP."""
-    mesh = _mesh(replicas, shards)
     m = _model(mesh)
     opt = torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9)
     sync = DSSync(
@@ -75,18 +74,49 @@ def _check_parity(out) -> None:
             assert torch.equal(ours[k], out[0][0][k])  # every replica holds the same bits
 
 
-def test_global_every_step_matches_hsdp_on_2x2():
-    _check_parity(spawn(_parity, 4, args=(2, 2), timeout_s=180))
+def _on_mesh(fn, replicas: int, shards: int, *args):
+    return fn(_mesh(replicas, shards), *args)
+
+
+OPTIONS = {
+    "every": ({"every": 3}, "sgd"),
+    "int8-fragments": ({"every": 2, "wire": "int8", "fragments": 2}, "sgd"),
+    "bf16-adam": ({"every": 2, "wire": "bf16"}, "adam"),  # average_grads, sharded gradients
+}
+REFUSALS = {
+    "mixed": ["mixes sharded (DTensor) parameters with plain ones (2.weight", "root"],
+    "hsdp": ["in DSSync's process group", "mesh=mesh['shard']"],
+    "overlap": ["overlap=True with a sharded model", "overlap=False"],
+}
+
+
+def _quick_2x2():
+    """Every quick case in one world of 4 ranks (starting processes is the slow part)."""
+    mesh = _mesh(2, 2)
+    return {
+        "parity": _parity(mesh),
+        **{name: _pairs_then_all(mesh, *case) for name, case in OPTIONS.items()},
+        "outer": _outer(mesh),
+        **{f"refused-{case}": _refused(mesh, case) for case in REFUSALS},
+    }
+
+
+@pytest.fixture(scope="module")
+def quick() -> list[dict]:
+    return spawn(_quick_2x2, 4, timeout_s=300)
+
+
+def test_global_every_step_matches_hsdp_on_2x2(quick):
+    _check_parity([r["parity"] for r in quick])
 
 
 @pytest.mark.slow
 def test_global_every_step_matches_hsdp_on_4x2():
-    _check_parity(spawn(_parity, 8, args=(4, 2), timeout_s=300))
+    _check_parity(spawn(_on_mesh, 8, args=(_parity, 4, 2), timeout_s=300))
 
 
-def _pairs_then_all(replicas: int, shards: int, settings: dict, optimizer: str):
+def _pairs_then_all(mesh, settings: dict, optimizer: str):
     """Pairs (or options) leave replicas apart; average_all() makes one full model."""
-    mesh = _mesh(replicas, shards)
     m = _model(mesh)
     params = list(m.parameters())
     opt = (
@@ -116,9 +146,7 @@ def _check_pairs(out, replicas: int, shards: int) -> None:
     by_replica = [out[r * shards] for r in range(replicas)]
     keys = list(by_replica[0][0])
     # after 5 steps (every=2 or 3, or pairs among 4 replicas) not every replica is the same
-    assert any(
-        not torch.equal(b[0][k], by_replica[0][0][k]) for b in by_replica[1:] for k in keys
-    )
+    assert any(not torch.equal(b[0][k], by_replica[0][0][k]) for b in by_replica[1:] for k in keys)
     for _, after, moments in out:  # every rank: the same full model and moments
         for k in keys:
             assert torch.equal(after[k], out[0][1][k])
@@ -129,18 +157,10 @@ def _check_pairs(out, replicas: int, shards: int) -> None:
         torch.testing.assert_close(out[0][1][k], mean, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "settings,optimizer",
-    [
-        ({"every": 3}, "sgd"),
-        ({"every": 2, "wire": "int8", "fragments": 2}, "sgd"),
-        ({"every": 2, "wire": "bf16"}, "adam"),  # average_grads, sharded gradients
-    ],
-    ids=["every", "int8-fragments", "bf16-adam"],
-)
-def test_options_compose_and_average_all_gives_one_model_on_2x2(settings, optimizer):
-    out = spawn(_pairs_then_all, 4, args=(2, 2, settings, optimizer), timeout_s=180)
-    if settings.get("wire", "fp32") == "fp32":
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_options_compose_and_average_all_gives_one_model_on_2x2(quick, name):
+    out = [r[name] for r in quick]
+    if OPTIONS[name][0].get("wire", "fp32") == "fp32":
         _check_pairs(out, 2, 2)
     else:  # residuals come back in average_all: still one model on every rank
         for _, after, moments in out:
@@ -152,13 +172,12 @@ def test_options_compose_and_average_all_gives_one_model_on_2x2(settings, optimi
 
 @pytest.mark.slow
 def test_pairs_among_four_replicas_then_average_all_on_4x2():
-    out = spawn(_pairs_then_all, 8, args=(4, 2, {}, "sgd"), timeout_s=300)
+    out = spawn(_on_mesh, 8, args=(_pairs_then_all, 4, 2, {}, "sgd"), timeout_s=300)
     _check_pairs(out, 4, 2)
 
 
-def _outer(replicas: int, shards: int):
+def _outer(mesh):
     """DiLoCo across replicas: after each averaging (Global) every replica holds the anchor."""
-    mesh = _mesh(replicas, shards)
     m = _model(mesh)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
     sync = DSSync(
@@ -176,17 +195,16 @@ def _outer(replicas: int, shards: int):
     return start, mid, _full(m)
 
 
-def test_outer_anchors_are_sharded_and_agree_across_replicas_on_2x2():
-    out = spawn(_outer, 4, args=(2, 2), timeout_s=180)
-    for start, mid, end in out:
+def test_outer_anchors_are_sharded_and_agree_across_replicas_on_2x2(quick):
+    out = [r["outer"] for r in quick]
+    for start, _mid, end in out:
         for k in end:
             assert torch.equal(end[k], out[0][2][k])  # after the second averaging: one model
             assert not torch.equal(end[k], start[k])
     assert any(not torch.equal(out[0][1][k], out[2][1][k]) for k in out[0][1])  # local step
 
 
-def _refused(case: str) -> str:
-    mesh = _mesh(2, 2)
+def _refused(mesh, case: str) -> str:
     settings = {}
     if case == "mixed":
         m = _model(mesh, root=False)  # the last Linear stays plain
@@ -202,16 +220,8 @@ def _refused(case: str) -> str:
     return ""
 
 
-@pytest.mark.parametrize(
-    "case,words",
-    [
-        ("mixed", ["mixes sharded (DTensor) parameters with plain ones (2.weight", "root"]),
-        ("hsdp", ["in DSSync's process group", "mesh=mesh['shard']"]),
-        ("overlap", ["overlap=True with a sharded model", "overlap=False"]),
-    ],
-)
-def test_what_cannot_work_is_refused_on_every_rank(case, words):
-    out = spawn(_refused, 4, args=(case,), timeout_s=120)
-    for message in out:
-        for w in words:
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_what_cannot_work_is_refused_on_every_rank(quick, case):
+    for message in [r[f"refused-{case}"] for r in quick]:
+        for w in REFUSALS[case]:
             assert w in message, message
