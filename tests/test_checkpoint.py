@@ -92,11 +92,20 @@ def test_a_2x2_run_resumes_bit_identical_and_loads_as_4x1(tmp_path):
 
 
 def _two_replicas(folder: str):
-    m, opt, sync = _run(3)  # 2x1: two plain replicas
+    """2x1 (two plain replicas) from the 2x2 checkpoint; then a plain run's own checkpoint
+    resumes bit-identical."""
+    m, opt, sync = _run(3)
     checkpoint.load(folder, m, opt, sync)
     loaded = _full(m)
     _train(m, opt, sync, 3, 4)
-    return loaded, sync.steps, sync.averagings
+    counts = sync.steps, sync.averagings
+    checkpoint.save(folder + "-plain", m, opt, sync)
+    _train(m, opt, sync, 4, 7)
+    straight = _full(m)
+    m, opt, sync = _run(4)
+    checkpoint.load(folder + "-plain", m, opt, sync)
+    _train(m, opt, sync, 4, 7)
+    return loaded, counts, straight, _full(m)
 
 
 def _save_2x2(folder: str):
@@ -111,7 +120,9 @@ def test_a_2x2_checkpoint_loads_as_2x1(tmp_path):
     folder = str(tmp_path / "ckpt")
     saved = spawn(_save_2x2, 4, args=(folder,), timeout_s=200)
     out = spawn(_two_replicas, 2, args=(folder,), timeout_s=200)
-    for replica, (loaded, steps, averagings) in enumerate(out):
+    for replica, (loaded, counts, straight, resumed) in enumerate(out):
         for k in loaded:  # replica i of the 2x2 run (ranks 2i, 2i+1)
             assert torch.equal(loaded[k], saved[2 * replica][k]), k
-        assert (steps, averagings) == (4, 2)
+            assert torch.equal(resumed[k], straight[k]), k
+        assert counts == (4, 2)
+    assert any(not torch.equal(out[0][2][k], out[1][2][k]) for k in out[0][2])  # mid-window
