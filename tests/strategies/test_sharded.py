@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from dssync import DSSync, Global, Shuffle, nesterov
+from dssync import AsyncDSSync, DSSync, Global, Shuffle, nesterov
 from dssync.errors import UsageError
 from dssync.lab.launch import spawn
 
@@ -87,6 +87,7 @@ REFUSALS = {
     "mixed": ["mixes sharded (DTensor) parameters with plain ones (2.weight", "root"],
     "hsdp": ["in DSSync's process group", "mesh=mesh['shard']"],
     "overlap": ["overlap=True with a sharded model", "overlap=False"],
+    "async": ["AsyncDSSync does not support a sharded", "DSSync across replicas"],
 }
 
 
@@ -212,8 +213,10 @@ def _refused(mesh, case: str) -> str:
         m = _model(mesh, hsdp=True)  # FSDP2 already all-reduces across replicas
     else:
         m = _model(mesh)
-        settings = {case: True}
+        settings = {case: True} if case != "async" else {}
     try:
+        if case == "async":
+            AsyncDSSync(m, process_group=mesh.get_group("replicate"), timeout_s=60)
         DSSync(m, process_group=mesh.get_group("replicate"), timeout_s=60, **settings)
     except UsageError as e:
         return str(e)

@@ -67,6 +67,16 @@ def refuse_fsdp1(module: nn.Module) -> None:
         )
 
 
+def refuse_sharded(module: nn.Module, what: str) -> None:
+    """``what`` (a strategy that re-lays the model into flat buckets) cannot take a sharded model."""
+    refuse_fsdp1(module)
+    if is_sharded(module):
+        raise UsageError(
+            f"{what} does not support a sharded (DTensor, FSDP2) model: its buckets would take "
+            f"over FSDP2's sharded storage; use DSSync across replicas instead ({HOW})"
+        )
+
+
 def check_sharded(
     module: nn.Module, options: Any, process_group: dist.ProcessGroup | None, averaged: list
 ) -> None:
