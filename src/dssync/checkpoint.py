@@ -69,7 +69,6 @@ def save(
 ) -> None:
     """Save ``model``, ``optimizer`` and ``sync``'s state to the folder ``path`` with DCP
     (collective: every rank calls it alike). Saving does not change the run."""
-    sync.finish()  # nothing in flight: what is saved is what the next step starts from
     model_sd, optim_sd = get_state_dict(model, optimizer)
     buf = io.BytesIO()
     torch.save({"world": _world(model, sync), "sync": to_local_tree(sync.state_dict())}, buf)

@@ -22,9 +22,10 @@ def _mesh(replicas: int, shards: int):
 
 
 def _model(mesh, hsdp: bool = False, root: bool = True) -> nn.Module:
-    """The same tiny model on every rank (3 output rows: uneven shards over 2), sharded."""
+    """The same tiny model on every rank, sharded: 5 rows of 2 and 3 over 2 shards, 1 row of
+    1 and 0 (a rank with an empty local shard)."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    m = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 1))
     where = mesh if hsdp else mesh["shard"]
     fully_shard(m[0], mesh=where)
     if root:
@@ -36,7 +37,7 @@ def _train(m: nn.Module, opt, sync, steps: int, start: int = 0) -> None:
     """Each global rank trains on its own batches (as data parallelism over all ranks does)."""
     for step in range(start, start + steps):
         g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
-        x, y = torch.randn(5, 4, generator=g), torch.randn(5, 3, generator=g)
+        x, y = torch.randn(5, 4, generator=g), torch.randn(5, 1, generator=g)
         nn.functional.mse_loss(m(x), y).backward()
         opt.step()
         opt.zero_grad()

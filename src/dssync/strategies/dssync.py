@@ -252,6 +252,8 @@ class DSSync(Strategy, Joinable):
     def _name_at(self, i: int, index: int) -> str:
         """The tensor at element ``index`` of averaged buffer ``i`` (for error messages)."""
         buffers = self._buckets.buffers
+        if self.sharded:  # local shards, packed with the optimizer's state (sharded.py)
+            return f"the local shards or optimizer state (packed buffer {i}, element {index})"
         if i >= len(buffers):
             return f"the optimizer's state (packed buffer {i - len(buffers)}, element {index})"
         at = buffers[i].data_ptr() + index * buffers[i].element_size()
