@@ -77,7 +77,9 @@ class DSSync(Strategy, Joinable):
 
     Args:
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
-            tensors are re-laid into flat buckets).
+            tensors are re-laid into flat buckets). Or a model sharded with FSDP2's
+            ``fully_shard`` over each replica's shards, with ``process_group`` the replicas'
+            group (:mod:`~dssync.strategies.sharded`).
         schedule: which ranks average together at each averaging (default: random pairs,
             shuffled each time; :func:`~dssync.schedules.default_schedule`).
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too, and
@@ -146,8 +148,7 @@ class DSSync(Strategy, Joinable):
         try:  # a value this rank refuses travels with the start-up agreement: all fail at once
             opts = wanted.check(optimizer)
             if self.sharded:
-                self.options = opts
-                sharded.check_sharded(module, opts, process_group, self._tensors(params_only=True))
+                sharded.check_sharded(module, opts, process_group)
         except UsageError as e:
             self._refusal = str(e)
             opts = Options(timeout_s=DEFAULT_TIMEOUT_S).check(None)
@@ -264,9 +265,9 @@ class DSSync(Strategy, Joinable):
                 return f"{name} (element {flat} of shape {tuple(t.shape)}, bucket {i})"
         return f"bucket {i}, element {index}"
 
-    def _tensors(self, params_only: bool = False) -> list[torch.Tensor]:
+    def _tensors(self) -> list[torch.Tensor]:
         tensors = [p for p in self.module.parameters() if p.requires_grad or self.average_frozen]
-        if self.average_buffers and not params_only:
+        if self.average_buffers:
             tensors += [b for b in self.module.buffers() if b.is_floating_point()]
         return tensors
 

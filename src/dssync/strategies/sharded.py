@@ -77,13 +77,10 @@ def refuse_sharded(module: nn.Module, what: str) -> None:
         )
 
 
-def check_sharded(
-    module: nn.Module, options: Any, process_group: dist.ProcessGroup | None, averaged: list
-) -> None:
-    """Refuse, naming the reason and the fix, what averaging local shards cannot do.
-
-    ``averaged`` are the module's parameters DSSync averages (trainable ones, frozen ones too
-    with ``average_frozen``)."""
+def check_sharded(module: nn.Module, options: Any, process_group: dist.ProcessGroup | None) -> None:
+    """Refuse, naming the reason and the fix, what averaging local shards cannot do (the
+    parameters DSSync averages: trainable ones, frozen ones too with ``average_frozen``)."""
+    averaged = [p for p in module.parameters() if p.requires_grad or options.average_frozen]
     named = {id(p): n for n, p in module.named_parameters()}
     plain = [named.get(id(p), "?") for p in averaged if not isinstance(p, DTensor)]
     if plain:
