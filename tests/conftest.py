@@ -22,6 +22,8 @@ SLOW_S = 8.0
 # (a step equals the group's mean) that `make test` must not lose.
 KEEP_QUICK = (
     "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[3-schedule1-64]",
+    # the one quick test of DCP checkpoints of a sharded run (15 s on a loaded machine)
+    "tests/test_checkpoint.py::test_a_2x2_run_resumes_bit_identical_and_loads_as_4x1",
 )
 
 SLOW = (
