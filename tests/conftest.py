@@ -22,6 +22,8 @@ SLOW_S = 8.0
 # (a step equals the group's mean) that `make test` must not lose.
 KEEP_QUICK = (
     "tests/strategies/test_dssync_numerics.py::test_step_equals_group_mean[3-schedule1-64]",
+    # the one quick test of DCP checkpoints of a sharded run (15 s on a loaded machine)
+    "tests/test_checkpoint.py::test_a_2x2_run_resumes_bit_identical_and_loads_as_4x1",
 )
 
 SLOW = (
@@ -152,6 +154,8 @@ SLOW = (
     "tests/strategies/test_baselines.py::test_dpsgd_step_applies_the_ring_matrix_and_repeats_to_the_mean[4]",
     "tests/strategies/test_baselines.py::test_powersgd_training_reduces_the_loss",  # 4.9
     "tests/strategies/test_dssync_options.py::test_a_checkpoint_with_other_options_is_refused",
+    # two worlds started (6 processes, 58 s on a loaded machine); the 2x2 resume stays quick
+    "tests/test_checkpoint.py::test_a_2x2_checkpoint_loads_as_2x1",
 )
 
 _too_slow: list[tuple[str, float]] = []

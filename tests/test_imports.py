@@ -115,6 +115,7 @@ LIBRARY = [
     "testing",
     "topology",
     "strategies",
+    "checkpoint",
     "lightning",
     "accelerate",
     "elastic",

@@ -22,6 +22,7 @@ importable from here and needs only torch (the ``dssync`` command and the lab co
 ``pip install 'dssync[lab]'``).
 """
 
+from dssync import checkpoint
 from dssync.comm import consensus_distance
 from dssync.comm.averager import GroupAverager
 from dssync.comm.devices import local_device
@@ -58,6 +59,7 @@ __all__ = [
     "SyncError",
     "TopologyAware",
     "UsageError",
+    "checkpoint",
     "consensus_distance",
     "detect",
     "load",

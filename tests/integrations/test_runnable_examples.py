@@ -109,6 +109,15 @@ def test_library_example(tmp_path, name, figures):
         assert sorted(found) == [0, 1] and len(set(found.values())) == 1, (what, r.stdout)
 
 
+@pytest.mark.timeout(300)
+def test_sharded_example_ends_with_one_model_on_four_ranks(tmp_path):
+    """examples/sharded.py (docs/guide/sharded.md): 2 replicas of 2 FSDP2 shards, DS-Sync
+    across, a DCP checkpoint saved and loaded, average_all()."""
+    r = run(torchrun("sharded.py"), tmp_path, timeout=280)
+    found = rank_losses(r.stdout, "weight norm")
+    assert sorted(found) == [0, 1, 2, 3] and len(set(found.values())) == 1, r.stdout
+
+
 CLIP = "clip_grad_norm_(model.parameters(), 1.0)"
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
@@ -44,6 +45,7 @@ def align_rest(
         return
     done = {id(t) for t in averaged}
     rest = [t for t in (*module.parameters(), *module.buffers()) if id(t) not in done]
+    rest = [t.to_local() if isinstance(t, DTensor) else t for t in rest]  # a shard: its piece
     if rest:
         with torch.no_grad():
             broadcast_tensors(rest, 0, process_group, timeout_s)

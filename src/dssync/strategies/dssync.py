@@ -37,6 +37,7 @@ from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import plan_topology_aware
+from dssync.strategies import sharded
 from dssync.strategies.base import Strategy, SyncTimer
 from dssync.strategies.before_step import BeforeStep
 from dssync.strategies.options import Options, options_of
@@ -76,7 +77,9 @@ class DSSync(Strategy, Joinable):
 
     Args:
         module: the plain model (not DDP-wrapped); move it to its device before wrapping (its
-            tensors are re-laid into flat buckets).
+            tensors are re-laid into flat buckets). Or a model sharded with FSDP2's
+            ``fully_shard`` over each replica's shards, with ``process_group`` the replicas'
+            group (:mod:`~dssync.strategies.sharded`).
         schedule: which ranks average together at each averaging (default: random pairs,
             shuffled each time; :func:`~dssync.schedules.default_schedule`).
         optimizer: if given, its floating state (momentum, Adam moments) is averaged too, and
@@ -134,6 +137,8 @@ class DSSync(Strategy, Joinable):
         Strategy.__init__(self, module, process_group)
         Joinable.__init__(self)
         check_module(module)
+        sharded.refuse_fsdp1(module)
+        self.sharded = sharded.is_sharded(module)  # local shards, copied in and out: sharded.py
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         if schedule is not None:
@@ -142,6 +147,8 @@ class DSSync(Strategy, Joinable):
         self._refusal: str | None = None
         try:  # a value this rank refuses travels with the start-up agreement: all fail at once
             opts = wanted.check(optimizer)
+            if self.sharded:
+                sharded.check_sharded(module, opts, process_group)
         except UsageError as e:
             self._refusal = str(e)
             opts = Options(timeout_s=DEFAULT_TIMEOUT_S).check(None)
@@ -163,8 +170,9 @@ class DSSync(Strategy, Joinable):
             if opts.average_grads
             else None
         )
-        check_start(self, opts.agreement())
-        self._buckets = FlatBuckets(self._tensors(), opts.bucket_bytes)
+        extra = sharded.agreement(module) if self.sharded else {}
+        check_start(self, {**opts.agreement(), **extra})
+        self._buckets = FlatBuckets([] if self.sharded else self._tensors(), opts.bucket_bytes)
         first = self._buckets.buffers[0] if self._buckets.buffers else None
         device = None if first is None else first.device
         self.router = Router(
@@ -181,7 +189,7 @@ class DSSync(Strategy, Joinable):
         self.router.names = self._name_at
         if opts.broadcast_init:
             with torch.no_grad():
-                everything = list(module.parameters()) + list(module.buffers())
+                everything = sharded.locals_of([*module.parameters(), *module.buffers()])
                 broadcast_tensors(everything, 0, process_group, opts.timeout_s, self.router.roll)
         if self.outer is not None:
             self.outer.reset()
@@ -245,6 +253,8 @@ class DSSync(Strategy, Joinable):
     def _name_at(self, i: int, index: int) -> str:
         """The tensor at element ``index`` of averaged buffer ``i`` (for error messages)."""
         buffers = self._buckets.buffers
+        if self.sharded:  # local shards, packed with the optimizer's state (sharded.py)
+            return f"the local shards or optimizer state (packed buffer {i}, element {index})"
         if i >= len(buffers):
             return f"the optimizer's state (packed buffer {i - len(buffers)}, element {index})"
         at = buffers[i].data_ptr() + index * buffers[i].element_size()
@@ -385,7 +395,8 @@ class DSSync(Strategy, Joinable):
         with SyncTimer(self):
             self.finish()
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
-            align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)
+            averaged = self._tensors() if self.sharded else self._buckets.tensors
+            align_rest(self.module, averaged, self.process_group, self.timeout_s)
             if self.outer is not None:
                 self.outer.reset()
 
@@ -419,13 +430,17 @@ class DSSync(Strategy, Joinable):
             kind,
             self.averagings,
             buffers=self._fresh_buckets().buffers,
-            tensors=moments + self._grads(),
+            tensors=self._shards() + moments + self._grads(),
             part=part,
             ranged=ranged,
         )
 
     def _grads(self) -> list[torch.Tensor]:
-        return [] if self.before_step is None else self.before_step.grads()
+        return [] if self.before_step is None else sharded.locals_of(self.before_step.grads())
+
+    def _shards(self) -> list[torch.Tensor]:
+        """A sharded model's local shards (read afresh: FSDP2 may replace their storage)."""
+        return sharded.locals_of(self._tensors()) if self.sharded else []
 
     def _optimizer_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The optimizer's floating state to average, matched by parameter name: walked in the
@@ -442,7 +457,7 @@ class DSSync(Strategy, Joinable):
         for p in optimizer_params(self.module, self.optimizer):
             for key, t in sorted(state.get(p, {}).items()):
                 if torch.is_tensor(t) and t.is_floating_point() and t.dim() > 0:
-                    (moments if key in FIRST_MOMENTS else ranged).append(t)
+                    (moments if key in FIRST_MOMENTS else ranged).append(sharded.local(t))
         return moments, ranged
 
     # torch Join: a rank out of data keeps taking its part in its groups until every rank is done.

@@ -69,6 +69,7 @@ from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
 from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.sharded import refuse_sharded
 
 ASK, DONE = 1, 2  # request kinds
 HEAD, DATA, ANSWER = 1, 2, 3  # message tags
@@ -104,6 +105,7 @@ class AsyncDSSync(Strategy):
     ) -> None:
         super().__init__(module, process_group)
         check_module(module)
+        refuse_sharded(module, "AsyncDSSync")
         self.timeout_s = timeout_s
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
