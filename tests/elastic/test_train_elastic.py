@@ -1,0 +1,126 @@
+"""`dssync train --elastic`: a Lighthouse and replica processes from the command line, a lost
+replica restarted after --restart-delay, exit 0 with at least --min-replicas finished.
+
+The runs go through :func:`dssync.lab.launch.run_contained` or a Popen whose whole session is
+killed at the end, so nothing they start outlives the test. The fault is the test's own: it
+reads a replica's pid from the step records in --log-dir and SIGKILLs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dssync.lab.cli import cli
+from dssync.lab.launch import run_contained
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+DIGITS = ["--workload", "digits", "--quiet"]
+
+
+def train(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dssync", "train", "--elastic", *DIGITS, *args]
+
+
+def records(folder: Path) -> list[dict]:
+    path = folder / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--sync", "bsp"], "--sync bsp does not run elastically; use dssync or one of"),
+        (["--min-replicas", "3", "--workers", "2"], "--min-replicas 3 is more than the 2"),
+        (["--overlap"], "elastic-dssync does not take --overlap"),
+    ],
+)
+def test_elastic_settings_that_cannot_work_are_refused_naming_the_fix(args, says):
+    r = CliRunner().invoke(cli, ["train", "--elastic", *DIGITS, *args])
+    assert r.exit_code != 0 and says in f"{r.output} {r.exception}", (r.output, r.exception)
+
+
+def test_elastic_flags_without_elastic_are_refused():
+    r = CliRunner().invoke(cli, ["train", *DIGITS, "--lighthouse", "http://x:1"])
+    assert r.exit_code == 2 and "only apply to an elastic run: add --elastic" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_train_elastic_runs_replicas_and_prints_the_summary(tmp_path):
+    done = run_contained(
+        train("--workers", "2", "--max-steps", "20", "--log-dir", str(tmp_path)),
+        200,
+        env=ENV,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = " ".join(done.stdout.split())  # rich wraps long lines
+    assert "replica 0 started" in out and "replica 1 started" in out, out
+    assert "2 of 2 replicas finished (min_replicas 2), 0 restart(s), 20 steps" in out, out
+    assert "one model on every finished replica: yes" in out, out
+    steps = {
+        n: [r["step"] for r in records(tmp_path) if r["replica"] == n and "step" in r]
+        for n in (0, 1)
+    }
+    assert steps[0] == steps[1] == list(range(1, 21))
+    finals = [r for r in records(tmp_path) if r.get("final")]
+    assert len(finals) == 2 and finals[0]["sha256"] == finals[1]["sha256"]
+    assert finals[0]["members"] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_replica_is_restarted_and_the_run_exits_0(tmp_path):
+    cmd = train(
+        "--workers", "3", "--min-replicas", "2", "--restart-delay", "1",
+        "--epochs", "400", "--batch-size", "8", "--max-steps", "4000",
+        "--log-dir", str(tmp_path),
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        while not [r for r in records(tmp_path) if r["replica"] == 2 and r.get("step", 0) >= 30]:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "replica 2 did not reach step 30"
+            time.sleep(0.1)
+        victim = next(r["pid"] for r in records(tmp_path) if r["replica"] == 2)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    assert proc.returncode == 0, err[-3000:]
+    text = " ".join(out.split())
+    assert "replica 2 lost (killed by SIGKILL); restarting in 1 s" in text, text
+    assert "replica 2 restarted (start 2)" in text, text
+    assert "3 of 3 replicas finished (min_replicas 2), 1 restart(s), 4000 steps" in text, text
+    assert "one model on every finished replica: yes" in text, text
+    rs = records(tmp_path)
+    for n in (0, 1):  # the survivors were never restarted and kept stepping
+        mine = [r for r in rs if r["replica"] == n and "step" in r]
+        assert len({r["pid"] for r in mine}) == 1
+        assert [r["step"] for r in mine] == list(range(1, 4001))
+        assert any(r["time"] > killed_at for r in mine)
+    again = [r for r in rs if r["replica"] == 2 and "step" in r and r["pid"] != victim]
+    assert again, "the restarted replica never stepped"
+    assert again[0]["step"] > 31, "the restarted replica did not take the live replicas' steps"
+    assert again[-1]["step"] == 4000
