@@ -120,15 +120,18 @@ class TorchftTrainer(ElasticTrainer):
 
     @torch.no_grad()
     def average_all(self) -> None:
-        """One all-reduce of the parameters over the quorum, committed by torchft."""
+        """One all-reduce of the parameters and floating buffers (batch norm's statistics, which
+        torchft's methods leave apart) over the quorum, committed by torchft."""
         self.manager.start_quorum()
-        means = [p.detach().clone() for p in self.model.parameters()]
+        tensors = [p.data for p in self.model.parameters()]
+        tensors += [b for b in self.model.buffers() if b.is_floating_point()]
+        means = [t.detach().clone() for t in tensors]
         works = [self.manager.allreduce(t) for t in means]
         for w in works:
             w.wait()
         if self.manager.should_commit():
-            for p, mean in zip(self.model.parameters(), means, strict=True):
-                p.copy_(mean)
+            for t, mean in zip(tensors, means, strict=True):
+                t.copy_(mean)
 
     def close(self) -> None:
         if not self._closed:

@@ -4,7 +4,7 @@
 
 FOLDER holds ``config.json`` (the run's TrainConfig, ``replicas`` and ``min_replicas``). The
 replica trains shard REPLICA of the workload's data, writes one JSON line per step to
-``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members), and at the end
+``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, a digest of the parameters), and at the end
 takes one average over the live replicas, evaluates it and writes ``FOLDER/summary{REPLICA}.json``.
 A first start writes ``FOLDER/ready{REPLICA}`` once its data is loaded and waits for
 ``FOLDER/go`` (so the first quorum holds every replica); a restart finds ``go`` and joins at once.
@@ -13,6 +13,7 @@ It ends when the process that started it ends.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -40,6 +41,14 @@ def orphan_watch(parent: int) -> None:
         os._exit(3)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def parameters_digest(model: torch.nn.Module) -> str:
+    """sha256 of the parameters alone: equal on replicas that just averaged them."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
@@ -95,7 +104,13 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
         train_s += t2 - t0
         sync_s += t2 - t1
         rows.append({"step": trainer.steps, "time_s": train_s, "iter_s": t2 - t0})
-        write(step=trainer.steps, time=time.time(), loss=loss.item(), members=trainer.members)
+        write(
+            step=trainer.steps,
+            time=time.time(),
+            loss=loss.item(),
+            members=trainer.members,
+            params=parameters_digest(model),
+        )
         if evaluation_due(cfg, trainer.steps, data.steps_per_epoch, total):
             metrics = evaluate(data.wl, model, data.test)
             evals.append({"step": trainer.steps, "time_s": train_s, **metrics})
