@@ -128,6 +128,7 @@ LAB = [
     "baselines",
     "methods",
     "train",
+    "elastic",
     "bench",
     "experiments",
     "report",
