@@ -206,3 +206,41 @@ def test_a_replica_stopped_past_the_timeout_then_resumed_rejoins_and_the_others_
     finals = {r["replica"]: r for r in records if "final" in r}
     assert sorted(finals) == [0, 1, 2]
     assert finals[0]["final"] == finals[1]["final"] == finals[2]["final"]
+
+
+def test_the_survivors_stall_after_a_loss_is_the_lighthouses_heartbeat_timeout(tmp_path):
+    """The survivors' stall after a loss between averagings: torchft's Lighthouse keeps
+    waiting at the next quorum for a member of the last one until its heartbeat is
+    ``heartbeat_timeout_ms`` old (replicas beat every 100 ms, torchft's Manager default). A
+    shorter timeout shortens the stall by as much."""
+    from local_replicas import Cluster
+
+    gaps = {}
+    for heartbeat_ms in (2000, 500):
+        c = Cluster(tmp_path / str(heartbeat_ms), heartbeat_ms=heartbeat_ms)
+        c.tmp.mkdir()
+        try:
+            c.lighthouse(min_replicas=2)
+            for n in range(3):
+                c.replica(n, 200, "--step-s=0.05")
+            c.ready(3)
+            c.wait_for(lambda rs: len(steps_of(rs, 2)) >= 20, 90, "20 steps on replica 2")  # noqa: B023
+            c.kill(2)
+            c.finish([0, 1], timeout_s=120)
+            records = c.records()
+        finally:
+            c.close()
+        gaps[heartbeat_ms] = max(gap_at_loss(steps_of(records, n), [0, 1]) for n in (0, 1))
+        print(
+            f"heartbeat_timeout_ms={heartbeat_ms}: the survivors' gap at their first step "
+            f"without replica 2 {gaps[heartbeat_ms]:.2f} s"
+        )
+    assert 1.8 < gaps[2000] < 4.0, gaps
+    assert gaps[500] < 1.2, gaps
+    assert gaps[2000] - gaps[500] > 1.0, gaps
+
+
+def gap_at_loss(steps: list[dict], members: list[int]) -> float:
+    """The time between a replica's last step with the lost member and its first without."""
+    i = next(i for i, r in enumerate(steps) if r["members"] == members and i > 0)
+    return steps[i]["time"] - steps[i - 1]["time"]
