@@ -124,3 +124,21 @@ def test_a_killed_replica_is_restarted_and_the_run_exits_0(tmp_path):
     assert again, "the restarted replica never stepped"
     assert again[0]["step"] > 31, "the restarted replica did not take the live replicas' steps"
     assert again[-1]["step"] == 4000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_replicas_that_cannot_reach_the_lighthouse_are_not_restarted_and_the_run_exits_1():
+    done = run_contained(
+        train("--workers", "2", "--max-steps", "5", "--lighthouse", "http://127.0.0.1:9",
+              "--timeout", "5", "--restart-delay", "0"),
+        150,
+        env=ENV,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    out = " ".join(done.stdout.split())
+    assert "replica 0 failed before its first step (exit code 1): not restarted" in out, out
+    assert "restarted (start 2)" not in out
+    assert "failed to connect to http://127.0.0.1:9" in out  # the replica's own log, shown
+    assert "error: 0 of 2 replicas finished, fewer than min_replicas=2" in done.stderr

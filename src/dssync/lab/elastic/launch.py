@@ -5,7 +5,8 @@ process of its own (or uses one elsewhere: ``lighthouse=URL``), starts ``replica
 (:mod:`dssync.lab.elastic.replica`), and watches them as an orchestrator would: a replica that
 dies is started again under its number after ``restart_delay_s`` (it joins the running job and
 is healed from a live peer), unless a replica has already finished (the run is ending: a
-newcomer would wait for a quorum in vain). The run succeeds when at least ``min_replicas``
+newcomer would wait for a quorum in vain) or it died before its first step (a new process would
+fail the same way: a Lighthouse that cannot be reached, say). The run succeeds when at least ``min_replicas``
 replicas finished. Every process it started is killed when it returns, raises, times out or is
 interrupted.
 
@@ -29,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dssync.errors import UsageError
+from dssync.errors import SyncError, UsageError
 from dssync.lab.config import TrainConfig
 
 READY_WAIT_S = 300.0  # the longest the replicas may take to load their data before the start
 HEARTBEAT_MS = 2000  # a replica silent this long is left out of the next quorum (torchft: 5000)
 
 
-class ElasticRunFailed(RuntimeError):
-    """Fewer than ``min_replicas`` replicas finished; the message says what ended each."""
+class ElasticRunFailed(SyncError):
+    """Fewer than ``min_replicas`` replicas finished (or one failed before training); the
+    message says what ended each, and the tails of their logs went to ``say`` before."""
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Replica:
     starts: int = 0
     restart_at: float | None = None  # when a lost one is started again
     ends: list[str] = field(default_factory=list)  # how each of its processes ended
+    proc_pid: int = 0  # the pid of its last process
+    told: bool = False  # the tail of its log was said
 
 
 LIGHTHOUSE = """
@@ -206,12 +210,12 @@ def _run(
     }
     if len(finished) < min_replicas:
         ends = "; ".join(f"replica {r.number}: {', '.join(r.ends) or 'never ended'}" for r in team)
-        tails = "\n".join(
-            _tail(folder / f"replica{r.number}.err") for r in team if r.number not in finished
-        )
+        for r in team:
+            if r.number not in finished and not r.told:
+                say(_tail(folder / f"replica{r.number}.err"))
         raise ElasticRunFailed(
             f"{len(finished)} of {replicas} replicas finished, fewer than min_replicas="
-            f"{min_replicas} ({ends}); see their logs:\n{tails}"
+            f"{min_replicas} ({ends}); their logs' tails are above"
         )
     first = summaries[min(finished)]
     return {**first, "elastic": report}
@@ -241,9 +245,10 @@ def _wait_ready(team: list[Replica], folder: Path, deadline: float) -> None:
     while not all((folder / f"ready{r.number}").exists() for r in team):
         for r in team:
             if r.proc is not None and r.proc.poll() is not None:
+                print(_tail(folder / f"replica{r.number}.err"), file=sys.stderr)
                 raise ElasticRunFailed(
                     f"replica {r.number} ended ({_how(r.proc.returncode)}) before it started "
-                    f"training:\n{_tail(folder / f'replica{r.number}.err')}"
+                    "training; its log's tail is above"
                 )
         if time.monotonic() > end:
             raise TimeoutError(f"the replicas did not load their data within {READY_WAIT_S:.0f} s")
@@ -264,14 +269,22 @@ def _supervise(
         for r in team:
             if r.proc is not None and r.proc.poll() is not None:
                 code = r.proc.returncode
-                r.proc = None
+                r.proc_pid, r.proc = r.proc.pid, None
                 ending = any(x.ends and x.ends[-1] == "finished" for x in team)
                 if code == 0:
                     r.ends.append("finished")
                     say(f"replica {r.number} finished")
                     continue
+                pid = r.proc_pid
                 r.ends.append(_how(code))
-                if ending:
+                if not _stepped(folder, pid):
+                    r.told = True
+                    say(
+                        f"replica {r.number} failed before its first step ({_how(code)}): not "
+                        f"restarted, a new process would fail the same way\n"
+                        f"{_tail(folder / f'replica{r.number}.err')}"
+                    )
+                elif ending:
                     say(f"replica {r.number} lost ({_how(code)}) as the run ends: not restarted")
                 else:
                     r.restart_at = now + restart_delay_s
@@ -291,6 +304,15 @@ def _supervise(
                 "or lower --epochs/--max-steps)"
             )
         time.sleep(0.1)
+
+
+def _stepped(folder: Path, pid: int) -> bool:
+    """Whether process ``pid`` recorded a step in ``steps.jsonl``."""
+    path = folder / "steps.jsonl"
+    if not path.exists():
+        return False
+    mark = f'{{"pid": {pid}, '
+    return any(line.startswith(mark) and '"step"' in line for line in path.open())
 
 
 def _how(code: int) -> str:
