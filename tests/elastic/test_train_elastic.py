@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from dssync.lab.cli import cli
+from dssync.lab.elastic.launch import Lighthouse
 from dssync.lab.launch import run_contained
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +59,23 @@ def test_elastic_flags_without_elastic_are_refused():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_train_elastic_runs_replicas_and_prints_the_summary(tmp_path):
-    done = run_contained(
-        train("--workers", "2", "--max-steps", "20", "--log-dir", str(tmp_path)),
-        200,
-        env=ENV,
-        cwd=ROOT,
-    )
+@pytest.mark.parametrize("lighthouse", ["its own", "one already running"])
+def test_train_elastic_runs_replicas_and_prints_the_summary(tmp_path, lighthouse):
+    house = Lighthouse(tmp_path, min_replicas=2) if lighthouse != "its own" else None
+    extra = ["--lighthouse", house.address] if house else []
+    try:
+        done = run_contained(
+            train("--workers", "2", "--max-steps", "20", "--log-dir", str(tmp_path), *extra),
+            200,
+            env=ENV,
+            cwd=ROOT,
+        )
+    finally:
+        if house:
+            house.close()
     assert done.returncode == 0, done.stderr[-3000:]
     out = " ".join(done.stdout.split())  # rich wraps long lines
+    assert ("lighthouse at" in out) == (house is None), out
     assert "replica 0 started" in out and "replica 1 started" in out, out
     assert "2 of 2 replicas finished (min_replicas 2), 0 restart(s), 20 steps" in out, out
     assert "one model on every finished replica: yes" in out, out
