@@ -151,3 +151,80 @@ def test_replicas_that_cannot_reach_the_lighthouse_are_not_restarted_and_the_run
     assert "restarted (start 2)" not in out
     assert "failed to connect to http://127.0.0.1:9" in out  # the replica's own log, shown
     assert "error: 0 of 2 replicas finished, fewer than min_replicas=2" in done.stderr
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
+
+
+def wait_for_steps(folder: Path, proc: subprocess.Popen, replicas: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len({r["replica"] for r in records(folder) if "step" in r}) < replicas:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the replicas did not step"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ctrl_c_kills_every_process_the_run_started(tmp_path):
+    cmd = train(
+        "--workers", "2", "--epochs", "400", "--batch-size", "8", "--log-dir", str(tmp_path)
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for_steps(tmp_path, proc, 2, 150)
+        pids = {r["pid"] for r in records(tmp_path)}
+        house = int(next(iter(pid for pid in _children(proc.pid) if pid not in pids)))
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher
+        _, err = proc.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130, err[-2000:]
+    time.sleep(0.5)
+    assert not [p for p in [*pids, house] if alive(p)], "a process outlived the run"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_run_past_its_budget_is_killed_whole(tmp_path):
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.elastic.launch import run_elastic
+
+    cfg = TrainConfig(workload="digits", sync="elastic-dssync", epochs=400, batch_size=8)
+    cfg.progress = False
+    with pytest.raises(TimeoutError, match="did not end in time; every replica was killed"):
+        run_elastic(cfg, 2, timeout_s=40, folder=tmp_path, say=lambda line: None)
+    pids = {r["pid"] for r in records(tmp_path)}
+    assert pids, "the replicas never stepped within the budget"
+    time.sleep(0.5)
+    assert not [p for p in pids if alive(p)], "a replica outlived the run"
