@@ -61,7 +61,8 @@ from dssync.lab.train.validate import validate
     type=click.IntRange(1),
     default=None,
     help="--elastic: torchft's min_replicas: no averaging counts with fewer live replicas, and "
-    "the run succeeds when at least this many finish (default: --workers).",
+    "the run succeeds when at least this many finish (default: a majority of --workers; with "
+    "fewer, the Lighthouse may form two quorums apart).",
 )
 @click.option(
     "--restart-delay",
@@ -149,6 +150,8 @@ def train_elastic(
             f"--min-replicas {min_replicas} is more than the {workers} --workers; pass at most "
             f"{workers}"
         )
+    if min_replicas is None:
+        min_replicas = workers // 2 + 1  # a majority: two quorums can never form apart
     cfg = configure(cfg)
     validate(cfg, workers)
     summary = run_elastic(
