@@ -129,6 +129,7 @@ LAB = [
     "baselines",
     "methods",
     "train",
+    "elastic",
     "bench",
     "experiments",
     "report",

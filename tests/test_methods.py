@@ -17,6 +17,7 @@ from dssync.lab.methods import (
     choices,
     get_method,
     help_text,
+    is_elastic,
     method_names,
     parse_methods,
 )
@@ -61,6 +62,8 @@ def _builds() -> dict[str, tuple[str, str]]:
     topo = Topology(hosts=(0, 1), racks=(0, 0))
     out = {}
     for name in choices():
+        if is_elastic(name):  # one process per replica on torchft: tests/elastic
+            continue
         module = nn.Linear(3, 2)
         opt = torch.optim.SGD(module.parameters(), lr=0.1)
         cfg = TrainConfig(sync=name, repeat=4, timeout_s=30)

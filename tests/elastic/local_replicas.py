@@ -1,7 +1,8 @@
 """A Lighthouse and replicas as local processes, each killed when the test ends.
 
 Every process starts in a session of its own and ends by its own deadline too (``signal.alarm``
-in ``replica.py`` and the Lighthouse script), so nothing outlives a test that was itself killed.
+in ``replica.py``; the Lighthouse when the test's process ends), so nothing outlives a test that
+was itself killed.
 """
 
 from __future__ import annotations
@@ -14,17 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from dssync.lab.elastic.launch import Lighthouse
+
 HERE = Path(__file__).parent
 SRC = HERE.parent.parent / "src"
-LIGHTHOUSE = """
-import signal, sys, time
-from torchft.coordination import LighthouseServer
-signal.alarm({deadline})
-s = LighthouseServer(bind="[::]:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
-                     heartbeat_timeout_ms={heartbeat_ms})
-print(s.address(), flush=True)
-sys.stdin.read()  # until the test closes it, or the alarm
-"""
 
 
 class Cluster:
@@ -39,25 +33,15 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.replicas: dict[int, subprocess.Popen] = {}
         self.address = ""
+        self.house: Lighthouse | None = None
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
 
     def lighthouse(self, min_replicas: int = 2, join_ms: int = 30000, wait_s: float = 60) -> str:
-        code = LIGHTHOUSE.format(
-            deadline=int(self.deadline_s),
-            min_replicas=min_replicas,
-            join_ms=join_ms,
-            heartbeat_ms=self.heartbeat_ms,
-        )
-        proc = self._start([sys.executable, "-c", code], "lighthouse", stdin=subprocess.PIPE)
-        out = self.tmp / "lighthouse.out"
-        deadline = time.monotonic() + wait_s
-        while not (text := out.read_text().strip()):
-            assert proc.poll() is None, f"the Lighthouse ended: {self._tail('lighthouse.err')}"
-            assert time.monotonic() < deadline, f"no Lighthouse address in {wait_s} s"
-            time.sleep(0.1)
-        self.address = text.splitlines()[0]
+        """The lab's Lighthouse process (dssync.lab.elastic.launch), killed by :meth:`close`."""
+        self.house = Lighthouse(self.tmp, min_replicas, join_ms, self.heartbeat_ms, wait_s)
+        self.address = self.house.address
         return self.address
 
     def replica(self, n: int, steps: int, *extra: str, go: Path | None = None) -> subprocess.Popen:
@@ -146,6 +130,8 @@ class Cluster:
                 except ProcessLookupError:
                     pass
             p.wait(10)
+        if self.house is not None:
+            self.house.close()
 
     def _tail(self, name: str, lines: int = 25) -> str:
         path = self.tmp / name

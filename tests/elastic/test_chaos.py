@@ -6,6 +6,8 @@ fixture), and each process ends by its own deadline besides.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -84,15 +86,21 @@ def test_a_killed_replica_costs_only_its_group_and_the_others_finish(cluster, wh
     assert finals[0]["members"] == [0, 1]
 
 
+JOIN_S = 30.0  # a joiner (imported already) averages within this long of being let in
+
+
 def test_a_joining_replica_gets_the_live_state_and_averages_from_the_next_step(cluster):
+    """A new replica joins at step 50 with no failure: healed from a live one, it averages at
+    its first step; the others never stop."""
     cluster.lighthouse(min_replicas=2)
     for n in range(3):
-        cluster.replica(n, 80, "--final", "--step-s=0.05")
+        cluster.replica(n, 150, "--final", "--step-s=0.05")
     joiner_go = cluster.tmp / "go3"
-    cluster.replica(3, 80, "--final", "--step-s=0.05", go=joiner_go)
+    cluster.replica(3, 150, "--final", "--step-s=0.05", go=joiner_go)
     cluster.ready(4)  # all imported; 0-2 start, replica 3 waits
-    cluster.wait_for(lambda rs: len(steps_of(rs, 0)) >= 10, 60, "10 steps on replica 0")
+    cluster.wait_for(lambda rs: len(steps_of(rs, 0)) >= 50, 90, "50 steps on replica 0")
     joiner_go.touch()
+    let_in = time.time()
     healed = cluster.wait_for(
         lambda rs: [r for r in rs if r.get("replica") == 3 and "healed_from" in r],
         90,
@@ -101,12 +109,138 @@ def test_a_joining_replica_gets_the_live_state_and_averages_from_the_next_step(c
     source = healed["healed_from"]
     assert source["replica"] in (0, 1, 2)
     assert healed["holds"] == source["params"], "the joiner's parameters are not its source's"
-    assert healed["steps_after"] == source["steps"] > 10
+    assert healed["steps_after"] == source["steps"] >= 50
     cluster.finish([0, 1, 2, 3], timeout_s=120)
     records = cluster.records()
     first = steps_of(records, 3)[0]
     assert first["healed"] and first["members"] == [0, 1, 2, 3]
     assert first["outcome"] == "averaged" and len(first["group"]) == 2
+    waited = first["time"] - let_in
+    print(f"the joiner's first averaging {waited:.2f} s after it was let in (bound {JOIN_S} s)")
+    assert waited < JOIN_S
+    for n in range(3):
+        assert len({r["pid"] for r in steps_of(records, n)}) == 1, "a replica was restarted"
+        gap = longest_gap(steps_of(records, n))
+        print(
+            f"joining: replica {n}'s longest gap between steps {gap:.2f} s (timeout_s={TIMEOUT_S})"
+        )
+        assert gap < TIMEOUT_S
     finals = {r["replica"]: r["final"] for r in records if "final" in r}
     assert sorted(finals) == [0, 1, 2, 3]
     assert finals[0] == finals[1] == finals[2] == finals[3]
+
+
+def longest_gap(steps: list[dict], since: float = 0.0, until: float = float("inf")) -> float:
+    """The longest time between two consecutive steps that end in [since, until]."""
+    times = [r["time"] for r in steps]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if since <= b and a <= until]
+    return max(gaps, default=0.0)
+
+
+def test_a_killed_replica_restarted_after_a_delay_is_healed_and_the_others_never_stop(cluster):
+    """SIGKILL, then a new process for that replica 2 s later (an orchestrator's restart)."""
+    cluster.lighthouse(min_replicas=2)
+    for n in range(3):
+        cluster.replica(n, 300, "--final", "--step-s=0.05")
+    cluster.ready(3)
+    cluster.wait_for(lambda rs: len(steps_of(rs, 2)) >= 20, 90, "20 steps on replica 2")
+    victim = cluster.replicas[2].pid
+    cluster.kill(2)
+    killed_at = time.time()
+    time.sleep(2.0)
+    started = time.time()
+    cluster.replica(2, 300, "--final", "--step-s=0.05")  # ``go`` exists: it joins at once
+    cluster.finish([0, 1, 2], timeout_s=180)
+    records = cluster.records()
+    again = [r for r in steps_of(records, 2) if r["pid"] != victim]
+    assert again and again[0]["healed"], "the restarted replica was not healed from a live one"
+    assert again[0]["step"] > 20 and again[-1]["step"] == 300
+    print(f"restarted replica's first averaging {again[0]['time'] - started:.2f} s after its start")
+    for n in (0, 1):
+        steps = steps_of(records, n)
+        assert len({r["pid"] for r in steps}) == 1, "a survivor was restarted"
+        assert [r["step"] for r in steps] == list(range(1, 301))
+        gap = longest_gap(steps, since=killed_at)
+        print(f"kill and restart: replica {n}'s longest gap {gap:.2f} s (timeout_s={TIMEOUT_S})")
+        assert gap < TIMEOUT_S
+    finals = {r["replica"]: r for r in records if "final" in r}
+    assert sorted(finals) == [0, 1, 2]
+    assert finals[0]["final"] == finals[1]["final"] == finals[2]["final"]
+    assert finals[0]["members"] == [0, 1, 2]
+
+
+STOP_TIMEOUT_S = 5.0  # the replicas' timeout_s in the SIGSTOP test
+STOPPED_S = 8.0  # how long replica 2 is stopped: past STOP_TIMEOUT_S and the heartbeat (2 s)
+
+
+def test_a_replica_stopped_past_the_timeout_then_resumed_rejoins_and_the_others_never_stop(
+    cluster,
+):
+    cluster.lighthouse(min_replicas=2)
+    for n in range(3):
+        cluster.replica(n, 300, "--final", "--step-s=0.05", f"--timeout-s={STOP_TIMEOUT_S}")
+    cluster.ready(3)
+    cluster.wait_for(lambda rs: len(steps_of(rs, 2)) >= 20, 90, "20 steps on replica 2")
+    os.killpg(cluster.replicas[2].pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    time.sleep(STOPPED_S)
+    os.killpg(cluster.replicas[2].pid, signal.SIGCONT)
+    resumed_at = time.time()
+    cluster.finish([0, 1, 2], timeout_s=180)
+    records = cluster.records()
+    for n in (0, 1, 2):
+        assert len({r["pid"] for r in steps_of(records, n)}) == 1, f"replica {n} was restarted"
+    for n in (0, 1):
+        steps = steps_of(records, n)
+        during = [r for r in steps if stopped_at < r["time"] < resumed_at]
+        gap = longest_gap(steps, since=stopped_at)
+        print(
+            f"SIGSTOP {STOPPED_S} s: replica {n} made {len(during)} steps while replica 2 was "
+            f"stopped; longest gap {gap:.2f} s (timeout_s={STOP_TIMEOUT_S})"
+        )
+        assert during, f"replica {n} stopped while replica 2 was stopped"
+        assert gap < STOP_TIMEOUT_S + 3.0  # a partner in flight waits timeout_s, then a quorum
+        assert [r["step"] for r in steps] == list(range(1, 301))
+    back = [r for r in steps_of(records, 2) if r["time"] > resumed_at]
+    assert any(r["outcome"] == "averaged" for r in back), "replica 2 never averaged again"
+    finals = {r["replica"]: r for r in records if "final" in r}
+    assert sorted(finals) == [0, 1, 2]
+    assert finals[0]["final"] == finals[1]["final"] == finals[2]["final"]
+
+
+def test_the_survivors_stall_after_a_loss_is_the_lighthouses_heartbeat_timeout(tmp_path):
+    """The survivors' stall after a loss between averagings: torchft's Lighthouse keeps
+    waiting at the next quorum for a member of the last one until its heartbeat is
+    ``heartbeat_timeout_ms`` old (replicas beat every 100 ms, torchft's Manager default). A
+    shorter timeout shortens the stall by as much."""
+    from local_replicas import Cluster
+
+    gaps = {}
+    for heartbeat_ms in (2000, 500):
+        c = Cluster(tmp_path / str(heartbeat_ms), heartbeat_ms=heartbeat_ms)
+        c.tmp.mkdir()
+        try:
+            c.lighthouse(min_replicas=2)
+            for n in range(3):
+                c.replica(n, 200, "--step-s=0.05")
+            c.ready(3)
+            c.wait_for(lambda rs: len(steps_of(rs, 2)) >= 20, 90, "20 steps on replica 2")  # noqa: B023
+            c.kill(2)
+            c.finish([0, 1], timeout_s=120)
+            records = c.records()
+        finally:
+            c.close()
+        gaps[heartbeat_ms] = max(gap_at_loss(steps_of(records, n), [0, 1]) for n in (0, 1))
+        print(
+            f"heartbeat_timeout_ms={heartbeat_ms}: the survivors' gap at their first step "
+            f"without replica 2 {gaps[heartbeat_ms]:.2f} s"
+        )
+    assert 1.8 < gaps[2000] < 4.0, gaps
+    assert gaps[500] < 1.2, gaps
+    assert gaps[2000] - gaps[500] > 1.0, gaps
+
+
+def gap_at_loss(steps: list[dict], members: list[int]) -> float:
+    """The time between a replica's last step with the lost member and its first without."""
+    i = next(i for i, r in enumerate(steps) if r["members"] == members and i > 0)
+    return steps[i]["time"] - steps[i - 1]["time"]

@@ -8,7 +8,9 @@ import torch
 
 from dssync.elastic import REFUSED, ElasticDSSync, Members, replica_number
 from dssync.elastic.group import flatten, unflatten
+from dssync.elastic.sync import group_in_quorum
 from dssync.errors import UsageError
+from dssync.schedules import Shuffle
 
 
 @pytest.mark.parametrize("option", sorted(REFUSED))
@@ -45,3 +47,15 @@ def test_flatten_and_unflatten_round_trip_mixed_dtypes():
     copies = [torch.zeros_like(t) for t in tensors]
     unflatten(flats, copies)
     assert all(torch.equal(a, b) for a, b in zip(tensors, copies, strict=True))
+
+
+def test_a_quorum_smaller_than_a_group_averages_as_one_and_a_quorum_of_one_alone():
+    # Shuffle(2) on one replica raised "group_size=2 is larger than world_size=1" (a replica
+    # alone in its quorum, min_replicas=1, crashed instead of training on)
+    assert group_in_quorum(Shuffle(2, seed=0, uneven=True), 5, [3], 3) == [3]
+    assert group_in_quorum(Shuffle(3, seed=0, uneven=True), 5, [1, 4], 4) == [1, 4]
+    pairs = [
+        group_in_quorum(Shuffle(2, seed=0, uneven=True), 5, [0, 2, 7, 9], r) for r in (0, 2, 7, 9)
+    ]
+    assert all(len(g) == 2 and r in g for g, r in zip(pairs, (0, 2, 7, 9), strict=True))
+    assert sorted(sum(pairs, [])) == [0, 0, 2, 2, 7, 7, 9, 9]

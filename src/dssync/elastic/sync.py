@@ -86,7 +86,7 @@ class ElasticDSSync(Strategy):
             Adam's moments) is averaged with the parameters.
         schedule: which replicas average together; indices are the quorum's replicas in the
             order of their numbers (default ``Shuffle(2, uneven=True)``: pairs, one alone at an
-            odd count).
+            odd count); a quorum no larger than one group averages as one (of one: alone).
         every: average after every ``every``-th optimizer step.
         average_buffers: also average floating buffers (batch-norm statistics).
 
@@ -202,10 +202,7 @@ class ElasticDSSync(Strategy):
             if kind == ALL:
                 group = replicas
             else:
-                index = replicas.index(self.replica)
-                group = [
-                    replicas[i] for i in group_of(self.schedule.partition(t, len(replicas)), index)
-                ]
+                group = group_in_quorum(self.schedule, t, replicas, self.replica)
             means, outcome, lost = None, "alone", {}
             if len(group) > 1:
                 header = {
@@ -270,6 +267,25 @@ class ElasticDSSync(Strategy):
             self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
         self._healed = True
+
+
+def group_in_quorum(
+    schedule: Schedule, averaging: int, replicas: list[int], replica: int
+) -> list[int]:
+    """The replica numbers ``replica`` averages with at ``averaging``: its group in the
+    schedule's partition of ``replicas`` (sorted), or all of them when the quorum holds no more
+    replicas than one group (a quorum of one: alone).
+
+    Example::
+
+        >>> group_in_quorum(Shuffle(2, seed=0, uneven=True), 0, [4], 4)
+        [4]
+    """
+    size = getattr(schedule, "group_size", None)
+    if len(replicas) == 1 or (size is not None and len(replicas) <= size):
+        return list(replicas)
+    index = replicas.index(replica)
+    return [replicas[i] for i in group_of(schedule.partition(averaging, len(replicas)), index)]
 
 
 def refuse(options: dict[str, Any]) -> None:

@@ -50,6 +50,8 @@ Builder = Callable[["TrainConfig", nn.Module, torch.optim.Optimizer, Topology | 
 
 TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not given)
 RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
+# One process per replica on torchft's elastic launcher (dssync.lab.elastic), not a fixed group
+ELASTIC = "elastic"
 # The options a preset sets and a user may override (TrainConfig fields, None: the preset's),
 # with their value when neither does: dssync.Options's fields of the same names and defaults
 # (``outer`` by name: "none", "nesterov" or "auto", :data:`OUTERS`).
@@ -251,6 +253,30 @@ def _auto(
     return get_method(c.method).build(configure(chosen), module, opt, topology)
 
 
+def _elastic(
+    cfg: TrainConfig, module: nn.Module, opt: torch.optim.Optimizer, topology: Topology | None
+) -> Strategy:
+    """An elastic method has no strategy on a fixed group: its replicas run on torchft's
+    launcher (:func:`dssync.lab.elastic.launch.run_elastic`), each building its own
+    (:func:`dssync.lab.elastic.methods.build_trainer`)."""
+    raise UsageError(
+        f"{cfg.sync} runs one process per replica on torchft's elastic launcher, not on a fixed "
+        f"group of ranks: run it with `dssync train --elastic --sync {cfg.sync}` or `dssync "
+        "compare` on local processes"
+    )
+
+
+def _elastic_method(name: str, description: str, every: int) -> Method:
+    return Method(
+        name,
+        description,
+        _elastic,
+        needs=frozenset({ELASTIC}),
+        options={"every": every},
+        takes=frozenset({"every"}),
+    )
+
+
 _TOPO = frozenset({TOPOLOGY})
 _TOPO_RATES = frozenset({TOPOLOGY, RATES})
 # How a DS-Sync preset's groups are made and exchanged: passed to the builder, not overridable.
@@ -381,6 +407,25 @@ _TABLE = [
     ),
     Method("asp", "parameter server in rank 0's process; workers never wait (ASP)", _asp),
     Method("ssp", "parameter server; fastest worker at most --staleness steps ahead (SSP)", _ssp),
+    # elastic: replicas that come and go, on torchft (pip install 'dssync[elastic]')
+    _elastic_method(
+        "elastic-dssync",
+        "DS-Sync on torchft's live replicas (ElasticDSSync): a lost replica costs its group one "
+        "averaging; elastic",
+        1,
+    ),
+    _elastic_method(
+        "torchft-diloco",
+        "torchft's own DiLoCo (torchft.local_sgd): pseudo-gradients all-reduced over the quorum "
+        "every --every steps (4), outer Nesterov; elastic",
+        4,
+    ),
+    _elastic_method(
+        "torchft-local-sgd",
+        "torchft's own LocalSGD (torchft.local_sgd): parameters all-reduced over the quorum "
+        "every --every steps (4); elastic",
+        4,
+    ),
 ]
 METHODS: dict[str, Method] = {m.name: m for m in _TABLE}
 # What `dssync compare` runs unless --methods says otherwise: the baseline and the recommended
@@ -390,8 +435,14 @@ ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliase
 
 
 def method_names(variants: bool = True) -> list[str]:
-    """Names of the methods, in table order (without the variants when ``variants`` is False)."""
-    return [n for n, m in METHODS.items() if variants or not m.variant]
+    """Names of the methods, in table order (without the variants and the elastic methods,
+    which need torchft, when ``variants`` is False: what ``all`` means)."""
+    return [n for n, m in METHODS.items() if variants or not (m.variant or ELASTIC in m.needs)]
+
+
+def is_elastic(name: str) -> bool:
+    """Whether method ``name`` runs on torchft's elastic launcher (one process per replica)."""
+    return ELASTIC in get_method(name).needs
 
 
 def choices() -> list[str]:

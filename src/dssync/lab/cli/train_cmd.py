@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from dssync.lab.cli.options import training_options
 from dssync.lab.cli.output import console, public_summary, training_table, write_json
+from dssync.lab.methods import configure, is_elastic, method_names
 from dssync.lab.train import TrainConfig, run_training
 from dssync.lab.train.factory import STRATEGIES
 from dssync.lab.train.validate import validate
@@ -46,10 +49,51 @@ from dssync.lab.train.validate import validate
     is_flag=True,
     help="Continue from the newest checkpoint in --checkpoint-dir; start fresh if there is none.",
 )
+@click.option(
+    "--elastic",
+    is_flag=True,
+    help="Replicas that come and go, on torchft: start a Lighthouse and --workers replica "
+    "processes, restart a lost one after --restart-delay (--sync dssync is elastic-dssync; "
+    "torchft-diloco and torchft-local-sgd are torchft's own). Needs pip install 'dssync[elastic]'.",
+)
+@click.option(
+    "--min-replicas",
+    type=click.IntRange(1),
+    default=None,
+    help="--elastic: torchft's min_replicas: no averaging counts with fewer live replicas, and "
+    "the run succeeds when at least this many finish (default: a majority of --workers; with "
+    "fewer, the Lighthouse may form two quorums apart).",
+)
+@click.option(
+    "--restart-delay",
+    "restart_delay_s",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="--elastic: seconds before a lost replica is started again, as an orchestrator would.",
+)
+@click.option(
+    "--lighthouse",
+    default=None,
+    metavar="URL",
+    help="--elastic: join this torchft Lighthouse (http://HOST:PORT) instead of starting one.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="--elastic: keep the replicas' logs, step records and summaries here (default: a "
+    "temporary folder, removed).",
+)
 def train(
     cfg: TrainConfig,
     workers: int,
     json_path: str | None,
+    elastic: bool,
+    min_replicas: int | None,
+    restart_delay_s: float,
+    lighthouse: str | None,
+    log_dir: str | None,
 ) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
 
@@ -57,6 +101,21 @@ def train(
     own). Under torchrun (`torchrun --nproc-per-node N -m dssync train ...`) this process is one
     rank instead. With --resume, a run may continue with another number of workers than wrote it.
     """
+    if elastic or is_elastic(cfg.sync):
+        return train_elastic(
+            cfg, workers, min_replicas, restart_delay_s, lighthouse, log_dir, json_path
+        )
+    given = [
+        f
+        for f, v in (
+            ("--min-replicas", min_replicas),
+            ("--lighthouse", lighthouse),
+            ("--log-dir", log_dir),
+        )
+        if v is not None
+    ]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} only apply to an elastic run: add --elastic")
     validate(cfg, workers)
     summary = run_training(cfg, workers=workers)
     if summary is None:
@@ -64,4 +123,56 @@ def train(
     console.print(training_table([summary]))
     if json_path:
         write_json(json_path, public_summary(summary))
+        console.print(f"summary written to {json_path}")
+
+
+def train_elastic(
+    cfg: TrainConfig,
+    workers: int,
+    min_replicas: int | None,
+    restart_delay_s: float,
+    lighthouse: str | None,
+    log_dir: str | None,
+    json_path: str | None,
+) -> None:
+    """``--elastic``: the run on torchft's launcher, one line per event, then its summary."""
+    from dssync.lab.elastic.launch import run_elastic
+
+    if cfg.sync == "dssync":
+        cfg = replace(cfg, sync="elastic-dssync")
+    if not is_elastic(cfg.sync):
+        elastic = ", ".join(n for n in method_names() if is_elastic(n))
+        raise click.UsageError(
+            f"--sync {cfg.sync} does not run elastically; use dssync or one of {elastic}"
+        )
+    if min_replicas is not None and min_replicas > workers:
+        raise click.UsageError(
+            f"--min-replicas {min_replicas} is more than the {workers} --workers; pass at most "
+            f"{workers}"
+        )
+    if min_replicas is None:
+        min_replicas = workers // 2 + 1  # a majority: two quorums can never form apart
+    cfg = configure(cfg)
+    validate(cfg, workers)
+    summary = run_elastic(
+        cfg,
+        workers,
+        min_replicas=min_replicas,
+        restart_delay_s=restart_delay_s,
+        lighthouse=lighthouse,
+        timeout_s=None,
+        folder=log_dir,
+        say=lambda line: console.print(f"  {line}"),
+    )
+    e = summary["elastic"]
+    restarts = sum(e["restarts"].values())
+    same = len(set(e["final_model_sha256"].values())) == 1
+    console.print(
+        f"elastic {cfg.sync} on {cfg.workload}: {len(e['finished'])} of {e['replicas']} replicas "
+        f"finished (min_replicas {e['min_replicas']}), {restarts} restart(s), "
+        f"{summary['steps']} steps; {summary['metric_name']} {summary['final_metric']:.4f} "
+        f"after the final average; one model on every finished replica: {'yes' if same else 'no'}"
+    )
+    if json_path:
+        write_json(json_path, summary)
         console.print(f"summary written to {json_path}")

@@ -14,7 +14,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dssync.errors import UsageError
 from dssync.lab.config import TrainConfig
+from dssync.lab.methods import configure, is_elastic
 from dssync.lab.train.data import planned_steps
 from dssync.lab.train.run import run_training, spawn_series
 
@@ -68,6 +70,12 @@ class Runner:
         self.where = f"local processes (gloo on loopback, {workers} workers)"
 
     def run(self, cfg: TrainConfig) -> dict[str, Any]:
+        """One run; an elastic method's (:func:`dssync.lab.methods.is_elastic`) on torchft's
+        launcher, one process per replica, ``workers`` replicas that must all finish."""
+        if is_elastic(cfg.sync):
+            from dssync.lab.elastic.launch import run_elastic
+
+            return run_elastic(configure(cfg), self.workers, say=lambda line: None)
         summary = run_training(cfg, workers=self.workers)
         assert summary is not None
         return summary
@@ -75,8 +83,9 @@ class Runner:
     def run_all(self, cfgs: Sequence[TrainConfig], each: Each) -> None:
         """Every config, in order, in one start of the worker processes
         (:func:`dssync.lab.train.run.spawn_series`); ``each(i, summary)`` as run ``i`` ends. An error
-        (a bad configuration, a bug, a worker that died) ends them all and is raised."""
-        if len(cfgs) < 2:
+        (a bad configuration, a bug, a worker that died) ends them all and is raised. With an
+        elastic method among them, each run starts its own processes."""
+        if len(cfgs) < 2 or any(is_elastic(c.sync) for c in cfgs):
             for i, cfg in enumerate(cfgs):
                 each(i, self.run(cfg))
             return
@@ -141,6 +150,12 @@ class ClusterRunner(Runner):
         A cluster with link events changes its links at fractions of each run, so it launches
         once per run (:meth:`run`).
         """
+        elastic = sorted({c.sync for c in cfgs if is_elastic(c.sync)})
+        if elastic:
+            raise UsageError(
+                f"{', '.join(elastic)} run on local processes only: one emulated host per "
+                "replica is not built; drop --cluster for them"
+            )
         if self.cluster.spec.events or len(cfgs) < 2:
             for i, cfg in enumerate(cfgs):
                 try:

@@ -1,0 +1,337 @@
+"""Start an elastic run on this machine: a Lighthouse, one process per replica, restarts.
+
+:func:`run_elastic` is what ``dssync train --elastic`` runs. It starts torchft's Lighthouse as a
+process of its own (or uses one elsewhere: ``lighthouse=URL``), starts ``replicas`` replica processes
+(:mod:`dssync.lab.elastic.replica`), and watches them as an orchestrator would: a replica that
+dies is started again under its number after ``restart_delay_s`` (it joins the running job and
+is healed from a live peer), unless a replica has already finished (the run is ending: a
+newcomer would wait for a quorum in vain) or it died before its first step (a new process would
+fail the same way: a Lighthouse that cannot be reached, say). The run succeeds when at least ``min_replicas``
+replicas finished. Every process it started is killed when it returns, raises, times out or is
+interrupted.
+
+Example::
+
+    summary = run_elastic(TrainConfig(workload="digits", sync="elastic-dssync"), replicas=3)
+    summary["elastic"]["finished"]     # [0, 1, 2]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dssync.errors import SyncError, UsageError
+from dssync.lab.config import TrainConfig
+
+READY_WAIT_S = 300.0  # the longest the replicas may take to load their data before the start
+HEARTBEAT_MS = 2000  # a replica silent this long is left out of the next quorum (torchft: 5000)
+
+
+class ElasticRunFailed(SyncError):
+    """Fewer than ``min_replicas`` replicas finished (or one failed before training); the
+    message says what ended each, and the tails of their logs went to ``say`` before."""
+
+
+@dataclass
+class Replica:
+    """One replica number and the process that runs it now."""
+
+    number: int
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+    restart_at: float | None = None  # when a lost one is started again
+    ends: list[str] = field(default_factory=list)  # how each of its processes ended
+    proc_pid: int = 0  # the pid of its last process
+    told: bool = False  # the tail of its log was said
+
+
+LIGHTHOUSE = """
+import sys
+from torchft.coordination import LighthouseServer
+s = LighthouseServer(bind="[::]:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
+                     heartbeat_timeout_ms={heartbeat_ms})
+print(s.address(), flush=True)
+sys.stdin.read()  # until the launcher closes it or ends
+"""
+
+
+class Lighthouse:
+    """torchft's Lighthouse as a process of its own (its log in ``folder/lighthouse.err``);
+    :attr:`address` is what replicas connect to. It ends when :meth:`close` is called or when
+    the process that started it ends (its stdin closes).
+
+    Example::
+
+        house = Lighthouse(folder, min_replicas=2)
+        house.address      # "http://host:port"
+        house.close()
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        min_replicas: int,
+        join_timeout_ms: int = 60_000,
+        heartbeat_ms: int = HEARTBEAT_MS,
+        wait_s: float = 60.0,
+    ) -> None:
+        code = LIGHTHOUSE.format(
+            min_replicas=min_replicas, join_ms=join_timeout_ms, heartbeat_ms=heartbeat_ms
+        )
+        out = folder / "lighthouse.out"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=open(out, "w"),  # noqa: SIM115 - the child keeps it
+            stderr=open(folder / "lighthouse.err", "w"),  # noqa: SIM115
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + wait_s
+        try:
+            while not (text := out.read_text().strip()):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"the Lighthouse ended at its start:\n{_tail(folder / 'lighthouse.err')}"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the Lighthouse gave no address within {wait_s:.0f} s")
+                time.sleep(0.05)
+        except BaseException:
+            self.close()
+            raise
+        self.address = text.splitlines()[0]
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+
+def run_elastic(
+    cfg: TrainConfig,
+    replicas: int,
+    min_replicas: int | None = None,
+    restart_delay_s: float = 5.0,
+    lighthouse: str | None = None,
+    timeout_s: float | None = None,
+    folder: str | os.PathLike | None = None,
+    say: Callable[[str], None] = print,
+    heartbeat_ms: int = HEARTBEAT_MS,
+) -> dict[str, Any]:
+    """Train ``cfg`` on ``replicas`` elastic replicas; the summary of the lowest-numbered replica
+    that finished, with ``summary["elastic"]`` saying what happened to each.
+
+    ``min_replicas`` (default: ``replicas``, at least 1) is torchft's: no averaging counts with
+    fewer live replicas, and fewer finished replicas is a failed run (:class:`ElasticRunFailed`).
+    ``folder`` keeps the replicas' logs (``replica{N}.err``), step records (``steps.jsonl``)
+    and summaries; by default a temporary folder, removed. ``say`` gets one line per event.
+    ``heartbeat_ms`` is the Lighthouse's ``heartbeat_timeout_ms``: after a replica is lost, the
+    others wait about this long at their next quorum (0.52 s at 500, 2.07 s at 2000 in
+    ``tests/elastic/test_chaos.py``); a live replica whose heartbeats (every 100 ms) are late
+    by more is left out of a quorum and healed.
+    """
+    min_replicas = replicas if min_replicas is None else min_replicas
+    if not 1 <= min_replicas <= replicas:
+        raise UsageError(f"min_replicas={min_replicas} must be between 1 and replicas={replicas}")
+    if restart_delay_s < 0:
+        raise UsageError(f"restart_delay_s={restart_delay_s} must be >= 0 seconds")
+    budget = timeout_s or max(600.0, cfg.timeout_s * 4)
+    settings = (cfg, replicas, min_replicas, restart_delay_s, lighthouse, budget, heartbeat_ms)
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="dssync-elastic-") as tmp:
+            return _run(*settings, Path(tmp), say)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return _run(*settings, Path(folder), say)
+
+
+def _run(
+    cfg: TrainConfig,
+    replicas: int,
+    min_replicas: int,
+    restart_delay_s: float,
+    address: str | None,
+    budget: float,
+    heartbeat_ms: int,
+    folder: Path,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    from dssync.lab.launch import core_share
+
+    spec = {
+        "config": cfg.to_dict(),
+        "replicas": replicas,
+        "min_replicas": min_replicas,
+        "threads": core_share(replicas),
+        "quorum_timeout_s": max(cfg.timeout_s, 60.0),
+    }
+    (folder / "config.json").write_text(json.dumps(spec))
+    house = None
+    if address is None:
+        # the first quorum waits for every replica (they start together, see ``go``)
+        house = Lighthouse(folder, min_replicas, int(READY_WAIT_S * 1000), heartbeat_ms)
+        address = house.address
+        say(f"lighthouse at {address} (min_replicas {min_replicas})")
+    team = [Replica(n) for n in range(replicas)]
+    deadline = time.monotonic() + budget
+    try:
+        for r in team:
+            _start(r, folder, address, say)
+        _wait_ready(team, folder, deadline)
+        (folder / "go").touch()
+        _supervise(team, folder, address, restart_delay_s, deadline, say)
+    finally:
+        for r in team:
+            _kill(r)
+        if house is not None:
+            house.close()
+    finished = [r.number for r in team if r.ends and r.ends[-1] == "finished"]
+    summaries = {n: json.loads((folder / f"summary{n}.json").read_text()) for n in finished}
+    report = {
+        "replicas": replicas,
+        "min_replicas": min_replicas,
+        "restart_delay_s": restart_delay_s,
+        "finished": finished,
+        "restarts": {str(r.number): r.starts - 1 for r in team},
+        "ends": {str(r.number): r.ends for r in team},
+        "final_model_sha256": {str(n): s["final_model_sha256"][0] for n, s in summaries.items()},
+        "final_metric": {str(n): s["final_metric"] for n, s in summaries.items()},
+    }
+    if len(finished) < min_replicas:
+        ends = "; ".join(f"replica {r.number}: {', '.join(r.ends) or 'never ended'}" for r in team)
+        for r in team:
+            if r.number not in finished and not r.told:
+                say(_tail(folder / f"replica{r.number}.err"))
+        raise ElasticRunFailed(
+            f"{len(finished)} of {replicas} replicas finished, fewer than min_replicas="
+            f"{min_replicas} ({ends}); their logs' tails are above"
+        )
+    first = summaries[min(finished)]
+    return {**first, "elastic": report}
+
+
+def _start(r: Replica, folder: Path, address: str, say: Callable[[str], None]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    src = str(Path(__file__).resolve().parents[3])  # the replicas import this very dssync
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    name = f"replica{r.number}"
+    r.proc = subprocess.Popen(
+        [sys.executable, "-m", "dssync.lab.elastic.replica", str(folder), str(r.number), address],
+        stdout=open(folder / f"{name}.out", "a"),  # noqa: SIM115 - the child keeps it
+        stderr=open(folder / f"{name}.err", "a"),  # noqa: SIM115
+        env=env,
+        start_new_session=True,
+    )
+    r.starts += 1
+    r.restart_at = None
+    word = "started" if r.starts == 1 else f"restarted (start {r.starts})"
+    say(f"replica {r.number} {word}, pid {r.proc.pid}")
+
+
+def _wait_ready(team: list[Replica], folder: Path, deadline: float) -> None:
+    """Until every replica has loaded its data (``ready{N}``): the first quorum holds them all."""
+    end = min(deadline, time.monotonic() + READY_WAIT_S)
+    while not all((folder / f"ready{r.number}").exists() for r in team):
+        for r in team:
+            if r.proc is not None and r.proc.poll() is not None:
+                print(_tail(folder / f"replica{r.number}.err"), file=sys.stderr)
+                raise ElasticRunFailed(
+                    f"replica {r.number} ended ({_how(r.proc.returncode)}) before it started "
+                    "training; its log's tail is above"
+                )
+        if time.monotonic() > end:
+            raise TimeoutError(f"the replicas did not load their data within {READY_WAIT_S:.0f} s")
+        time.sleep(0.1)
+
+
+def _supervise(
+    team: list[Replica],
+    folder: Path,
+    address: str,
+    restart_delay_s: float,
+    deadline: float,
+    say: Callable[[str], None],
+) -> None:
+    """Watch until no replica runs and none waits for its restart; restart the lost ones."""
+    while True:
+        now = time.monotonic()
+        for r in team:
+            if r.proc is not None and r.proc.poll() is not None:
+                code = r.proc.returncode
+                r.proc_pid, r.proc = r.proc.pid, None
+                ending = any(x.ends and x.ends[-1] == "finished" for x in team)
+                if code == 0:
+                    r.ends.append("finished")
+                    say(f"replica {r.number} finished")
+                    continue
+                pid = r.proc_pid
+                r.ends.append(_how(code))
+                if not _stepped(folder, pid):
+                    r.told = True
+                    say(
+                        f"replica {r.number} failed before its first step ({_how(code)}): not "
+                        f"restarted, a new process would fail the same way\n"
+                        f"{_tail(folder / f'replica{r.number}.err')}"
+                    )
+                elif ending:
+                    say(f"replica {r.number} lost ({_how(code)}) as the run ends: not restarted")
+                else:
+                    r.restart_at = now + restart_delay_s
+                    say(
+                        f"replica {r.number} lost ({_how(code)}); restarting in {restart_delay_s:g} s"
+                    )
+            if r.restart_at is not None and now >= r.restart_at:
+                if any(x.ends and x.ends[-1] == "finished" for x in team):
+                    r.restart_at = None  # the run ended while it waited
+                else:
+                    _start(r, folder, address, say)
+        if all(r.proc is None and r.restart_at is None for r in team):
+            return
+        if now > deadline:
+            raise TimeoutError(
+                "the elastic run did not end in time; every replica was killed (raise --timeout "
+                "or lower --epochs/--max-steps)"
+            )
+        time.sleep(0.1)
+
+
+def _stepped(folder: Path, pid: int) -> bool:
+    """Whether process ``pid`` recorded a step in ``steps.jsonl``."""
+    path = folder / "steps.jsonl"
+    if not path.exists():
+        return False
+    mark = f'{{"pid": {pid}, '
+    return any(line.startswith(mark) and '"step"' in line for line in path.open())
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _kill(r: Replica) -> None:
+    if r.proc is None:
+        return
+    try:
+        os.killpg(r.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    r.proc.wait(10)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text() if path.exists() else ""
+    keep = [x for x in text.splitlines() if "heartbeat" not in x.lower()]
+    return f"--- {path.name}\n" + "\n".join(keep[-lines:])
