@@ -74,7 +74,9 @@ def test_extra_step_then_average_all_on_two_ranks_is_an_error_not_a_wrong_model(
         spawn(_extra_step_two, 2, args=(str(tmp_path),), timeout_s=90, collective_timeout_s=60)
     for _seconds, kind, _step, group, _ranks, message in _reports(tmp_path, 2):
         assert kind == "SyncError", message
-        assert "a schedule step at step 3" in message or "average_all() at step 3" in message
+        assert (
+            "group average at averaging 3" in message or "average_all() at averaging 3" in message
+        )
         assert eval(group) == [0, 1]
 
 

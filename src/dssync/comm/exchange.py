@@ -107,7 +107,7 @@ def wait(
             f"{what or tag.describe()} in group {group}: "
             f"{lost(peers, silent, waited, timeout_s, came)}; "
             f"cause: {type(cause).__name__}",
-            step=tag.step,
+            step=tag.index,
             group=group,
             ranks=peers,
         ) from cause
@@ -185,7 +185,7 @@ class RollCall:
 
     def _key(self, group: list[int], tag: Tag) -> str:
         ranks = [self._global(r) for r in group]
-        key = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        key = f"dssync/roll/{tag.kind}/{tag.index}/{tag.layout}/{','.join(map(str, ranks))}"
         return key if self._round is None else f"{key}/{self._round}"
 
     def arrive(self, group: list[int], tag: Tag) -> RollCall:

@@ -398,7 +398,7 @@ def average_tensors(
             b.copy_(s)
         raise verdict.out_of_step() or SyncError(
             f"non-finite values in {tag.describe()} in group {members}: the ranks kept their own",
-            step=tag.step,
+            step=tag.index,
             group=members,
         )
     unpack(flats)

@@ -326,9 +326,10 @@ class DSSync(Strategy, Joinable):
             wait(
                 work,
                 _deadline(self.timeout_s),
-                Tag(STEP, self.steps, 0),
+                Tag(STEP, self.averagings, 0),
                 list(range(self.world_size)),
                 self.timeout_s,
+                what=f"the Join notification of optimizer step {self.steps + 1}",
                 process_group=self.join_process_group,
             )
 
