@@ -57,7 +57,7 @@ def side_group(
     return _SIDE[pg]
 
 
-def wire_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
+def serving_process_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
     """A fresh gloo group over ``ranks`` for point-to-point traffic from a background thread
     (a parameter server's requests, a passive's answers), made once at construction.
 

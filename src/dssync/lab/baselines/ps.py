@@ -69,7 +69,7 @@ from torch import nn
 
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
-from dssync.comm.side import wire_group
+from dssync.comm.side import serving_process_group
 from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
@@ -137,8 +137,8 @@ class ParameterServer(Strategy):
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.kinds = _kinds(self.params)
         self.clock = 0
-        self.requests = wire_group(self.ranks, max(timeout_s, IDLE_S))
-        self.answers = wire_group(self.ranks, timeout_s)
+        self.requests = serving_process_group(self.ranks, max(timeout_s, IDLE_S))
+        self.answers = serving_process_group(self.ranks, timeout_s)
         with torch.no_grad():
             broadcast_tensors(
                 list(module.parameters()) + list(module.buffers()), 0, process_group, timeout_s
