@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -144,6 +145,16 @@ class AsyncDSSync(Strategy):
         # thread's wait for the next request is the one wait allowed IDLE_S (_Server._serve)
         self.serving_process_group = serving_process_group(self.ranks, timeout_s)
         self.server = None if self.active else _Server(self)
+
+    @property
+    def wire(self) -> dist.ProcessGroup:
+        """Deprecated: :attr:`serving_process_group` (``wire`` names a format elsewhere)."""
+        warnings.warn(
+            "AsyncDSSync.wire is now AsyncDSSync.serving_process_group (wire= is a format)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.serving_process_group
 
     def current_group(self) -> list[int]:
         """This rank and its partner of the current step (for error messages)."""
