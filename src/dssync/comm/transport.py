@@ -7,9 +7,9 @@ serves pairs, groups of any size, the global average, the compressed wires and t
 (all through :class:`~dssync.comm.averager.Router`), and leaves every member with bit-identical
 buffers, or raises :class:`~dssync.errors.PeerLost` by the deadline.
 
-Point to point (no process group is made): each buffer is cut into pieces (whole int8 chunks of
+Point to point (no process group is made): each buffer is cut into pieces (whole int8 blocks of
 about ``chunk_bytes``), each piece into ``k`` shares, one per member in group order (whole int8
-chunks, :func:`~dssync.comm.wire.shares`; in fp32 as even as they go):
+blocks, :func:`~dssync.comm.wire.shares`; in fp32 as even as they go):
 
 1. every member sends share ``j`` to its owner ``j`` (encoded with its residual on a lossy wire);
    the owner takes the mean of the ``k`` values in group order; on a lossy wire it encodes that
@@ -75,7 +75,7 @@ from dssync.comm.exchange import RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag, Verdict, layout_of
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
-from dssync.comm.wire import CHUNK, Codec, codec_for, encode_with_feedback, shares
+from dssync.comm.wire import BLOCK, Codec, codec_for, encode_with_feedback, shares
 from dssync.errors import SyncError
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
@@ -140,8 +140,8 @@ class Transport:
         return have[: b.numel()]
 
     def _pieces(self, buffers: Sequence[torch.Tensor], lossy: bool) -> list[tuple[int, int, int]]:
-        """``(buffer index, lo, hi)`` of each piece on gloo, in order (whole int8 chunks)."""
-        step = max(self.chunk_bytes // 4 // CHUNK, 1) * CHUNK if lossy else None
+        """``(buffer index, lo, hi)`` of each piece on gloo, in order (whole int8 blocks)."""
+        step = max(self.chunk_bytes // 4 // BLOCK, 1) * BLOCK if lossy else None
         out = []
         for i, b in enumerate(buffers):
             size = step or max(self.chunk_bytes // b.element_size(), 1)

@@ -195,7 +195,7 @@ class Options:
         replan: re-plan the topology-aware plan every ``replan`` averagings from the measured
             sync times (0: never). Needs ``topology=`` (or a plan from ``plan_topology_aware``).
         wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
-            ``"int8"`` (scaled per chunk), compressed with error feedback
+            ``"int8"`` (one scale per block of 1,024 elements), compressed with error feedback
             (:mod:`dssync.comm.wire`); Adam's second moment never travels as int8;
             ``average_all()`` is exact.
         fragments: average one of this many fragments of every buffer per averaging, in
