@@ -90,7 +90,7 @@ DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 # raw whole-buffer exchange at 16M parameters (the pipeline drained between chunks); with 4,
 # 1.01x, and the emulated clusters' iterations stayed as they were (`dssync bench`, 4M
 # parameters, S1-S3, window 2 and 4 twice each, 2026-12-05: docs/bench.md).
-DEFAULT_WINDOW = 4
+DEFAULT_WINDOW = 4  # chunks in flight per peer on gloo (the one window: a count of chunks)
 # How a compressed group of three or more averages; `dssync bench` records it with its results.
 LARGE_GROUPS = "two-stage"
 FP32 = codec_for("fp32")

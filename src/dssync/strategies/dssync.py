@@ -38,7 +38,7 @@ from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
-from dssync.schedules.topology import plan_topology_aware
+from dssync.schedules.topology import DEFAULT_MAX_EVERY, plan_topology_aware
 from dssync.strategies.base import Strategy, SyncTimer
 from dssync.strategies.before_step import BeforeStep
 from dssync.strategies.hooks import Averaging, Hook, Target, WireMemory
@@ -149,7 +149,9 @@ class DSSync(Strategy, Joinable):
             self._refusal = str(e)
             opts = Options(timeout_s=DEFAULT_TIMEOUT_S).check(None)
         if opts.topology is not None:
-            schedule = plan_topology_aware(opts.topology, max_every=opts.replan or 8)
+            schedule = plan_topology_aware(
+                opts.topology, max_every=opts.replan or DEFAULT_MAX_EVERY
+            )
         else:
             schedule = opts.schedule or default_schedule(self.world_size)
         self.options = opts
