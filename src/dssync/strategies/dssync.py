@@ -228,12 +228,20 @@ class DSSync(Strategy, Joinable):
     def _hook(self, name: str) -> Any:
         return next((h for h in self.hooks if h.name == name), None)
 
-    outer = property(lambda self: self._hook("outer"), doc="The outer step (``outer=``), or None.")
-    replanner = property(lambda self: self._hook("replan"), doc="Re-planning, or None.")
-    before_step = property(
-        lambda self: next((h for h in self.hooks if isinstance(h, BeforeStep)), None),
-        doc="The averaging inside the optimizer's step (``average_grads``), or None.",
-    )
+    @property
+    def outer(self) -> Outer | None:
+        """The outer step's hook (``outer=``), or None."""
+        return self._hook("outer")
+
+    @property
+    def replanner(self) -> Replanner | None:
+        """The re-planning hook (``replan=``), or None."""
+        return self._hook("replan")
+
+    @property
+    def before_step(self) -> BeforeStep | None:
+        """The hook averaging inside the optimizer's step (``average_grads``), or None."""
+        return next((h for h in self.hooks if isinstance(h, BeforeStep)), None)
 
     def _plan_source(self) -> tuple[Topology, dict[str, Any]] | None:
         """The topology and planner settings this run's plan was made from (None: not planned)."""
