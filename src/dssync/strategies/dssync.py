@@ -39,7 +39,7 @@ from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import DEFAULT_MAX_EVERY, plan_topology_aware
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.base import Strategy
 from dssync.strategies.before_step import BeforeStep
 from dssync.strategies.hooks import Averaging, Hook, Target, WireMemory
 from dssync.strategies.options import Options, options_of
@@ -350,7 +350,7 @@ class DSSync(Strategy, Joinable):
 
     def _sync(self) -> None:
         """One averaging, each hook called at its points (:mod:`dssync.strategies.hooks`)."""
-        with SyncTimer(self):
+        with self.syncing():
             t = self.averagings
             group = group_of(self.schedule.partition(t, self.world_size), self.rank)
             part = self.schedule.part(group, t, self.world_size) if len(group) > 1 else WHOLE
@@ -419,7 +419,7 @@ class DSSync(Strategy, Joinable):
     @torch.no_grad()
     def average_all(self) -> None:
         """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
-        with SyncTimer(self):
+        with self.syncing():
             self.finish()
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
             align_rest(self.module, self._buckets.tensors, self.process_group, self.timeout_s)

@@ -69,7 +69,7 @@ from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.base import Strategy
 
 ASK, DONE = 1, 2  # request kinds
 HEAD, DATA, ANSWER = 1, 2, 3  # message tags
@@ -182,7 +182,7 @@ class AsyncDSSync(Strategy):
 
     @torch.no_grad()
     def step(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self.server.start()
                 self.server.merge()
@@ -239,7 +239,7 @@ class AsyncDSSync(Strategy):
 
         Every rank calls it (average_all does); a later step starts a new phase.
         """
-        with SyncTimer(self):
+        with self.syncing():
             if self.world_size == 1 or self._settled:
                 return
             self._settled = True
@@ -260,7 +260,7 @@ class AsyncDSSync(Strategy):
     def average_all(self) -> None:
         """:meth:`settle`, then one global mean: every rank ends with the same model."""
         self.settle()
-        with SyncTimer(self):
+        with self.syncing():
             if self.world_size > 1:
                 average_tensors(
                     self.tensors, self.process_group, self.world_size, timeout_s=self.timeout_s

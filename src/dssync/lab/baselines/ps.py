@@ -73,7 +73,7 @@ from dssync.comm.side import serving_process_group
 from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.lab.baselines.protocol import LabStrategy
 
 PUSH, FINAL = 1.0, 2.0  # request kinds
 OK, WAIT, DONE, ERROR = 0.0, 1.0, 2.0, 3.0  # answer kinds
@@ -98,7 +98,7 @@ def holding_up(behind: Sequence[int], waiting: Sequence[int]) -> list[int]:
     return sorted(idle or behind)
 
 
-class ParameterServer(Strategy):
+class ParameterServer(LabStrategy):
     """ASP or SSP training through a parameter server in rank 0's process.
 
     Args:
@@ -163,7 +163,7 @@ class ParameterServer(Strategy):
 
     @torch.no_grad()
     def after_backward(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             self.clock += 1
             header = self._header(PUSH)
             if self.server is not None:
@@ -183,7 +183,7 @@ class ParameterServer(Strategy):
 
     @torch.no_grad()
     def step(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self._take(self.server.pulled(self.clock))
                 return
@@ -224,7 +224,7 @@ class ParameterServer(Strategy):
     @torch.no_grad()
     def average_all(self) -> None:
         """Every rank takes the master's final parameters; floating buffers are averaged."""
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self._take(self.server.finish(self.clock))
             else:
