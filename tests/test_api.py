@@ -21,3 +21,23 @@ def test_internal_schedules_stay_in_their_module():
 def test_all_names_resolve():
     assert all(hasattr(dssync, name) for name in dssync.__all__)
     assert dssync.__version__.count(".") == 2
+
+
+def test_a_process_group_is_passed_as_process_group_and_group_warns():
+    import warnings
+
+    import torch
+
+    from dssync.testing import one_rank
+
+    with one_rank():
+        model = torch.nn.Linear(2, 1)
+        world = torch.distributed.group.WORLD
+        assert dssync.consensus_distance(model, process_group=world) == 0.0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert dssync.consensus_distance(model, group=world) == 0.0
+            assert dssync.detect(group=world).hosts == (0,)
+        said = [str(w.message) for w in caught if w.category is DeprecationWarning]
+        assert any("consensus_distance(process_group=" in s for s in said), said
+        assert any("detect(process_group=" in s for s in said), said

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dssync.lab.baselines.protocol import after_backward
 from dssync.lab.launch import spawn
 
 WORLD = 3  # three, so Shuffle(2) makes a real pair (a group smaller than the world)
@@ -39,7 +40,7 @@ def _train(strategy, steps: int = STEPS) -> None:
     for _ in range(steps):
         x = torch.randn(5, width, dtype=strict.DATA_DTYPE)
         strategy.model(x).float().pow(2).mean().backward()
-        strategy.after_backward()
+        after_backward(strategy)
         opt.step()
         strategy.after_step()
         opt.zero_grad()

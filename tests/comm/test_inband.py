@@ -79,5 +79,8 @@ def test_the_tag_rides_in_the_data_and_is_checked_before_use():
         assert r["posts of a slice"] == 2  # a slice of a bucket has no room of its own
         assert "ranks out of step" in r["mismatch"], r["mismatch"]
         peer = rank ^ 1
-        assert f"rank {peer} sent a schedule step at step {5 + peer}" in r["mismatch"]
+        assert (
+            f"rank {peer} sent the schedule's group average at averaging {5 + peer}"
+            in r["mismatch"]
+        )
         assert r["kept after the mismatch"], "a mismatched peer's bytes were used"

@@ -9,11 +9,11 @@ import torch.distributed as dist
 
 from dssync.comm.tags import STEP, Tag, layout_of
 from dssync.comm.transport import Transport
-from dssync.comm.wire import CHUNK, Residuals, codec_for
+from dssync.comm.wire import BLOCK, Residuals, codec_for
 from dssync.lab.launch import spawn
 
 WORLD = 3
-NUMEL = (5 * CHUNK + 7, 3 * CHUNK)  # two buffers, several 4 KB chunks each, one odd tail
+NUMEL = (5 * BLOCK + 7, 3 * BLOCK)  # two buffers, several 4 KB chunks each, one odd tail
 
 
 def _buffers(rank: int) -> list[torch.Tensor]:
@@ -33,7 +33,7 @@ def _average(group: list[int], wire: str) -> tuple[list[torch.Tensor], int]:
     buffers = _buffers(dist.get_rank())
     codec = codec_for(wire)
     residuals = Residuals().like(buffers) if wire != "fp32" else []
-    t = Transport(None, chunk_bytes=4 * CHUNK, window=2)
+    t = Transport(None, chunk_bytes=4 * BLOCK, window=2)
     dist.batch_isend_irecv = spy
     try:
         if dist.get_rank() in group:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from dssync import DSSync, Global, Shuffle
 from dssync.comm.wire import (
-    CHUNK,
+    BLOCK,
     WIRES,
     codec_for,
     encode_with_feedback,
@@ -23,28 +23,28 @@ from dssync.lab.launch import spawn
 @pytest.mark.parametrize("wire", WIRES)
 def test_one_encoding_loses_at_most_half_a_step(wire):
     codec = codec_for(wire)
-    x = torch.randn(3 * CHUNK + 5) * torch.logspace(-3, 1, 3 * CHUNK + 5)
+    x = torch.randn(3 * BLOCK + 5) * torch.logspace(-3, 1, 3 * BLOCK + 5)
     back = codec.decode(codec.encode(x), x.numel(), x.dtype)
     err = (back - x).abs()
     if wire == "fp32":
         assert torch.equal(back, x)
-    elif wire == "int8":  # half a step of each chunk's scale, max|x| / 127
-        rows = torch.nn.functional.pad(x, (0, CHUNK - 5)).view(-1, CHUNK)
-        half_step = (rows.abs().amax(1) / 254).repeat_interleave(CHUNK)[: x.numel()]
+    elif wire == "int8":  # half a step of each block's scale, max|x| / 127
+        rows = torch.nn.functional.pad(x, (0, BLOCK - 5)).view(-1, BLOCK)
+        half_step = (rows.abs().amax(1) / 254).repeat_interleave(BLOCK)[: x.numel()]
         assert bool((err <= half_step * (1 + 1e-5)).all())
     else:  # half a unit in the last place of the half-width float (subnormals: absolute)
         info = torch.finfo(torch.bfloat16 if wire == "bf16" else torch.float16)
         assert bool((err <= (x.abs() + info.tiny) * info.eps / 2).all())
 
 
-@pytest.mark.parametrize("numel", [1, CHUNK - 1, CHUNK, 3 * CHUNK + 5, 40_000])
+@pytest.mark.parametrize("numel", [1, BLOCK - 1, BLOCK, 3 * BLOCK + 5, 40_000])
 def test_int8_is_the_plain_formula_bit_for_bit(numel):
     """The encoder skips the padded copy, |v| and the clamp; the bits are the plain formula's."""
     torch.manual_seed(numel)
     v = torch.randn(numel) * torch.logspace(-4, 4, numel)
     v[: numel // 3] = 0  # whole chunks of zeros: their scale is 1
-    pad = -numel % CHUNK
-    rows = torch.nn.functional.pad(v, (0, pad)).view(-1, CHUNK)
+    pad = -numel % BLOCK
+    rows = torch.nn.functional.pad(v, (0, pad)).view(-1, BLOCK)
     scale = rows.abs().amax(dim=1) / 127.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.div(rows, scale[:, None]).round().clamp(-127, 127).to(torch.int8).reshape(-1)
@@ -78,7 +78,7 @@ def test_feedback_in_place_keeps_the_message_and_the_residual_of_the_formula(wir
     codec = codec_for(wire)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wire, torch.float32)
     for buffer_dtype in {torch.float32, dtype}:  # a bf16 model on the bf16 wire: v is its message
-        x = (torch.randn(2 * CHUNK + 3) * 3).to(buffer_dtype)
+        x = (torch.randn(2 * BLOCK + 3) * 3).to(buffer_dtype)
         e = (torch.randn(x.numel()) * 1e-3).to(buffer_dtype)
         v = x + e
         want_msg = [m.clone() for m in codec.encode(v)]
@@ -103,7 +103,7 @@ def simulate(wire: str, world: int, steps: int, seed: int = 0) -> dict:
     """Every rank's vector after ``steps`` Shuffle(2) averagings with ``wire``, on one process,
     with the library's own encode and mean (what each rank of the distributed path computes)."""
     torch.manual_seed(seed)
-    xs = [torch.randn(2 * CHUNK) for _ in range(world)]
+    xs = [torch.randn(2 * BLOCK) for _ in range(world)]
     es = [torch.zeros_like(x) for x in xs]
     codec = codec_for(wire)
     start_sum = torch.stack(xs).double().sum(0)
@@ -140,14 +140,14 @@ def test_int8_on_8_ranks_keeps_the_mean_and_reaches_consensus_to_within_its_step
     # consensus shrinks as fp32's does, down to a floor of one encoding's error: each rank's
     # distance from the mean at most half an int8 step per element (rms) above fp32's
     assert int8["distance"][10] < int8["distance"][0] / 10
-    assert int8["distance"][-1] <= fp32["distance"][-1] + half_step * (2 * CHUNK) ** 0.5
+    assert int8["distance"][-1] <= fp32["distance"][-1] + half_step * (2 * BLOCK) ** 0.5
     # without the residual, the lost part would stay lost: check that it matters
     assert max(float(e.abs().max()) for e in int8["es"]) > 0
 
 
 def _size(schedule_name: str) -> int:
     """Elements of the test's model: with pieces, four of them, the last inside a chunk."""
-    return 3 * CHUNK + 5 if schedule_name == "shuffle-pieces" else 2 * CHUNK
+    return 3 * BLOCK + 5 if schedule_name == "shuffle-pieces" else 2 * BLOCK
 
 
 def _ranks_run(wire: str, steps: int, schedule_name: str):
@@ -162,7 +162,7 @@ def _ranks_run(wire: str, steps: int, schedule_name: str):
     schedule = Global() if schedule_name == "global" else Shuffle(2, seed=0)
     sync = DSSync(model, schedule=schedule, wire=wire, broadcast_init=False, timeout_s=30)
     if schedule_name == "shuffle-pieces":  # a pair's buffer in four pieces, two in flight
-        sync.router.transport.chunk_bytes = 4 * CHUNK  # a piece of one int8 chunk
+        sync.router.transport.chunk_bytes = 4 * BLOCK  # a piece of one int8 chunk
         sync.router.transport.window = 2
     for _ in range(steps):
         sync.step()
@@ -170,7 +170,7 @@ def _ranks_run(wire: str, steps: int, schedule_name: str):
 
 
 def _reference(
-    wire: str, world: int, steps: int, schedule, n: int = 2 * CHUNK
+    wire: str, world: int, steps: int, schedule, n: int = 2 * BLOCK
 ) -> tuple[list, list]:
     xs = [
         torch.randn(1, n, generator=torch.Generator().manual_seed(r)).reshape(-1)
@@ -208,21 +208,21 @@ def two_stage(codec, xs, es, new, group):
 
 
 def test_shares_are_whole_chunks_that_cover_the_buffer():
-    for numel, k in ((3 * CHUNK + 5, 2), (10 * CHUNK, 3), (CHUNK + 1, 8), (7, 3)):
+    for numel, k in ((3 * BLOCK + 5, 2), (10 * BLOCK, 3), (BLOCK + 1, 8), (7, 3)):
         cuts = shares(numel, k)
         assert len(cuts) == k and cuts[0][0] == 0 and cuts[-1][1] == numel
         assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:], strict=False))  # no gap
         assert all(
-            lo % CHUNK == 0 for lo, hi in cuts if hi > lo
+            lo % BLOCK == 0 for lo, hi in cuts if hi > lo
         )  # int8's scales stay the whole buffer's
-        rows = [-(-(hi - lo) // CHUNK) for lo, hi in cuts]
+        rows = [-(-(hi - lo) // BLOCK) for lo, hi in cuts]
         assert max(rows) - min(rows) <= 1
 
 
 def test_two_stage_int8_on_8_ranks_keeps_the_sum_and_the_mean_within_two_steps():
     torch.manual_seed(0)
     codec = codec_for("int8")
-    xs = [torch.randn(10 * CHUNK) for _ in range(8)]
+    xs = [torch.randn(10 * BLOCK) for _ in range(8)]
     es = [torch.zeros_like(x) for x in xs]
     start = torch.stack(xs).double()
     for _ in range(6):  # DiLoCo's global average, six times over
@@ -312,7 +312,7 @@ def test_ranks_with_another_wire_are_refused_at_start():
 
 def _final():
     torch.manual_seed(dist.get_rank())
-    model = torch.nn.Linear(2 * CHUNK, 1, bias=False)
+    model = torch.nn.Linear(2 * BLOCK, 1, bias=False)
     sync = DSSync(
         model, schedule=Shuffle(2, seed=0), wire="int8", broadcast_init=False, timeout_s=30
     )
@@ -413,7 +413,7 @@ def test_a_compressed_pair_swaps_whole_messages_as_a_second_encoding_would_doubl
     world, steps = 8, 40
     pair = simulate("int8", world, steps)
     torch.manual_seed(0)
-    xs = [torch.randn(2 * CHUNK) for _ in range(world)]
+    xs = [torch.randn(2 * BLOCK) for _ in range(world)]
     es = [torch.zeros_like(x) for x in xs]
     start = torch.stack(xs).double().mean(0)
     codec, schedule = codec_for("int8"), Shuffle(2, seed=0)

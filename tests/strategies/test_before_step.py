@@ -12,6 +12,7 @@ from dssync import DSSync, Shuffle
 from dssync.errors import UsageError
 from dssync.lab.launch import spawn
 from dssync.strategies.before_step import BeforeStep, is_adaptive
+from dssync.strategies.hooks import Averaging
 from dssync.strategies.options import Options
 
 STEPS = 300
@@ -98,9 +99,11 @@ def test_on_by_default_for_adam_and_refused_without_optimizer_or_with_overlap():
 
 
 class _Pair:
-    """A stand-in DSSync: rank 0 of a pair in a world of four; its averaging gives ``mean``."""
+    """A stand-in DSSync: rank 0 of a pair in a world of four; its averaging gives ``mean``,
+    calling the hook at its points as DSSync does."""
 
     world_size, steps, every, averagings = 4, 0, 1, 0
+    hook: BeforeStep
 
     def __init__(self, param: nn.Parameter, mean: float) -> None:
         self.param, self.mean = param, mean
@@ -108,11 +111,11 @@ class _Pair:
     def current_group(self) -> list[int]:
         return [0, 1]
 
-    def _notify_join(self) -> None:
-        pass
-
-    def _sync(self) -> None:
+    def average_now(self) -> None:
+        self.hook.on_send(Averaging(self, self.averagings, [0, 1]))
+        self.hook.before_merge(self)
         self.param.grad.fill_(self.mean)
+        self.hook.after_merge(self)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +135,8 @@ def test_second_moment_is_fed_the_worlds_squared_gradient(first, own, fed):
     p.grad = torch.full((1,), first)
     opt.step()  # Adam's state exists from the first step on
     v0 = opt.state[p]["exp_avg_sq"].clone()
-    BeforeStep(_Pair(p, 1.0), opt)
+    pair = _Pair(p, 1.0)
+    pair.hook = BeforeStep(pair, opt)
     p.grad = torch.full((1,), own)
     opt.step()
     want = 0.95 * v0 + 0.05 * fed if fed is not None else (0.95 * v0 + 0.05) / 2

@@ -378,7 +378,7 @@ def _closed_leaves_no_group() -> tuple[int, int, list[bool]]:
     for _ in range(3):
         sync.step()
     sync.average_all()
-    made = list(sync.router.groups.values()) + [sync._overlap.lane.group]
+    made = list(sync.router.groups.values()) + [sync._hook("overlap").lane.group]
     sync.close()
     sync.close()  # once is enough: a second call does nothing
 
@@ -398,10 +398,19 @@ def test_close_destroys_the_groups_it_made_and_stops_the_lane():
         assert made >= 2 and left == 0 and all(gone), (made, left, gone)
 
 
-def test_the_options_docstring_example_runs():
+@pytest.mark.parametrize(
+    "name,least",
+    [
+        ("dssync.strategies.options", 30),  # an example of each option
+        ("dssync.strategies.hooks", 4),
+        ("dssync.strategies.outer", 6),
+        ("dssync.testing.ranks", 4),
+    ],
+)
+def test_the_docstring_examples_run(name, least):
     import doctest
+    import importlib
 
-    import dssync.strategies.options as module
-
+    module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 4 and result.failed == 0
+    assert result.attempted >= least and result.failed == 0, result

@@ -18,6 +18,7 @@ from torch.distributed.algorithms.join import Join
 
 from dssync import DSSync, Shuffle
 from dssync.comm import inflight
+from dssync.lab.baselines.protocol import after_backward
 from dssync.lab.config import TrainConfig
 from dssync.lab.launch import spawn
 from dssync.lab.methods import METHODS, build_strategy
@@ -81,7 +82,7 @@ def _every_method() -> dict[str, tuple[str, int, int] | str]:
             strategy = build_strategy(cfg, model, opt, topology)
             for x in _batches(3):
                 strategy.model(x).pow(2).mean().backward()
-                strategy.after_backward()
+                after_backward(strategy)
                 opt.step()
                 strategy.after_step()
                 opt.zero_grad()

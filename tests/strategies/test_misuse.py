@@ -60,7 +60,7 @@ def test_extra_step_on_one_of_four_ranks_fails_every_rank_within_the_timeout(tmp
     for seconds, kind, step, _group, _ranks, message in reports:
         assert kind == "PeerLost", message
         assert float(seconds) < TIMEOUT_S + 12  # the rank's own timeout, plus the roll call
-        assert "never came" in message and f"step {step}" in message
+        assert "never came" in message and f"averaging {step}" in message
     assert reports[1][2] == "3" and reports[0][2] == "3"
     partner = next(g for g in Shuffle(2, seed=0).partition(3, 4) if 1 in g)
     assert eval(reports[1][4]) == [r for r in partner if r != 1]  # the extra step names its partner
@@ -74,7 +74,9 @@ def test_extra_step_then_average_all_on_two_ranks_is_an_error_not_a_wrong_model(
         spawn(_extra_step_two, 2, args=(str(tmp_path),), timeout_s=90, collective_timeout_s=60)
     for _seconds, kind, _step, group, _ranks, message in _reports(tmp_path, 2):
         assert kind == "SyncError", message
-        assert "a schedule step at step 3" in message or "average_all() at step 3" in message
+        assert (
+            "group average at averaging 3" in message or "average_all() at averaging 3" in message
+        )
         assert eval(group) == [0, 1]
 
 

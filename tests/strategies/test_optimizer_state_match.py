@@ -95,7 +95,7 @@ def test_an_optimizer_over_other_parameters_is_refused_on_every_rank_naming_both
 
 
 def _ranged_average(wire: str):
-    """Adam-like second moments spanning 12 orders of magnitude in one int8 chunk."""
+    """Adam-like second moments spanning 12 orders of magnitude in one int8 block."""
     rank = dist.get_rank()
     g = torch.Generator().manual_seed(rank)
     second = torch.logspace(-12, 0, 2048) * (1 + torch.rand(2048, generator=g))
@@ -107,7 +107,7 @@ def _ranged_average(wire: str):
 
 
 def test_state_that_spans_magnitudes_keeps_its_range_on_the_int8_wire():
-    """Before, Adam's second moment went through int8's per-chunk scale: values below the
+    """Before, Adam's second moment went through int8's per-block scale: values below the
     chunk's largest / 254 became 0 or negative, and Adam divided by their square root."""
     (mine0, got0), (mine1, got1) = spawn(_ranged_average, 2, args=("int8",), timeout_s=120)
     true = (mine0[0] + mine1[0]) / 2
@@ -116,7 +116,7 @@ def test_state_that_spans_magnitudes_keeps_its_range_on_the_int8_wire():
         rel = ((second - true).abs() / true).max()
         assert rel <= 2**-8 * 1.01, rel  # bf16: half a unit in the last place, relative
     assert torch.equal(got0[0], got1[0]) and torch.equal(got0[1], got1[1])
-    # the first moments went as int8, as the parameters do: within half a step of the chunk
+    # the first moments went as int8, as the parameters do: within half a step of the block
     mean = (mine0[1] + mine1[1]) / 2
     step = max(mine0[1].abs().max(), mine1[1].abs().max()) / 127
     assert (got0[1] - mean).abs().max() <= step
@@ -124,7 +124,7 @@ def test_state_that_spans_magnitudes_keeps_its_range_on_the_int8_wire():
 
 def _adamw_run(wire: str, steps: int) -> float:
     """A small AdamW model on sparse features seen at rates from 1 to 1/1000 (so its second
-    moment spans many orders of magnitude in every int8 chunk), 2 ranks, its held-out loss."""
+    moment spans many orders of magnitude in every int8 block), 2 ranks, its held-out loss."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     rates = torch.logspace(0, -3, 64)

@@ -41,7 +41,7 @@ def _odd(case: str):
         sync = AsyncDSSync(model, seed=seed, timeout_s=TIMEOUT_S)
     except UsageError as e:
         return str(e), time.monotonic() - started
-    return None, timeout_of(sync.wire).total_seconds()
+    return None, timeout_of(sync.serving_process_group).total_seconds()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_a_mismatch_is_the_same_usage_error_on_every_rank_within_the_timeout(cas
 
 @pytest.mark.slow
 def test_no_group_outlives_timeout_s():
-    """The wire group was made with a 3,600 s timeout, so a peer lost while making it hung."""
+    """The serving process group was made with a 3,600 s timeout, so a peer lost while making it hung."""
     (msg0, wire0), (msg1, wire1) = spawn(_odd, 2, args=("none",), timeout_s=120)
     assert msg0 is None and msg1 is None
     assert wire0 == wire1 == TIMEOUT_S

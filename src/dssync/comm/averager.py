@@ -328,7 +328,7 @@ class Router:
                 f"{where}: group {group} skipped that averaging and no value left this rank; "
                 "find where the NaN or Inf came from (learning rate, loss scale, data), or pass "
                 "nonfinite='skip' to go on without averaging such steps",
-                step=tag.step,
+                step=tag.index,
                 group=group,
                 ranks=[self.rank],
             )
@@ -337,7 +337,7 @@ class Router:
             f"{who} of group {group} had non-finite values at {tag.describe()}: this rank "
             f"(rank {self.rank}) kept its own values and the averaging was skipped; see {who}'s "
             "error for the tensor, or pass nonfinite='skip' to go on without averaging such steps",
-            step=tag.step,
+            step=tag.index,
             group=group,
             ranks=bad,
         )

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dssync.comm.meta import bounded, gather_objects
-from dssync.comm.side import side_group
+from dssync.comm.side import renamed_group, side_group
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.hashing import fingerprint
@@ -34,15 +34,20 @@ def flat_parameters(module: nn.Module) -> torch.Tensor:
 
 
 def consensus_distance(
-    module: nn.Module, group: dist.ProcessGroup | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+    module: nn.Module,
+    process_group: dist.ProcessGroup | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    group: dist.ProcessGroup | None = None,
 ) -> float:
     """Mean over ranks of ||x_i - mean||^2 / ||mean||^2, where x_i is rank i's parameter vector.
 
-    0 when every rank holds the same model. All ranks of ``group`` call this. Computed in float64
-    on the host and exchanged on ``group``'s side group (two all_reduces: the sum of the vectors,
+    0 when every rank holds the same model. All ranks of ``process_group`` (``group=``: its
+    deprecated older name) call this. Computed in float64 on the host and exchanged on its side
+    group (two all_reduces: the sum of the vectors,
     then the sum of squared distances), so nothing but the parameters' bytes moves to the host.
     Each waits at most ``timeout_s``.
     """
+    group = renamed_group(process_group, group, "consensus_distance")
     side = side_group(group, timeout_s)
     what = "the consensus distance"
     x = flat_parameters(module)

@@ -114,7 +114,7 @@ def wait(
             said += f"; named after {asked:.1f} s, once the members still waiting had failed"
         raise PeerLost(
             f"{what or tag.describe()} in group {group}: {said}; cause: {type(cause).__name__}",
-            step=tag.step,
+            step=tag.index,
             group=group,
             ranks=peers,
         ) from cause
@@ -192,7 +192,7 @@ class RollCall:
 
     def _key(self, group: list[int], tag: Tag) -> str:
         ranks = [self._global(r) for r in group]
-        key = f"dssync/roll/{tag.kind}/{tag.step}/{tag.layout}/{','.join(map(str, ranks))}"
+        key = f"dssync/roll/{tag.kind}/{tag.index}/{tag.layout}/{','.join(map(str, ranks))}"
         return key if self._round is None else f"{key}/{self._round}"
 
     def arrive(self, group: list[int], tag: Tag) -> RollCall:

@@ -89,7 +89,7 @@ class Pending:
             raise PeerLost(
                 f"{self.tag.describe()} in group {self.group}: the lane's worker gave no answer "
                 f"within timeout_s={self.timeout_s:g} (+{GRACE_S:g} s)",
-                step=self.tag.step,
+                step=self.tag.index,
                 group=self.group,
             )
         means, done = self._future.result()  # raises what the worker raised

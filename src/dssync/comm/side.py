@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import torch
@@ -57,7 +58,7 @@ def side_group(
     return _SIDE[pg]
 
 
-def wire_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
+def serving_process_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
     """A fresh gloo group over ``ranks`` for point-to-point traffic from a background thread
     (a parameter server's requests, a passive's answers), made once at construction.
 
@@ -73,6 +74,21 @@ def wire_group(ranks: list[int], timeout_s: float) -> dist.ProcessGroup:
         timeout=timedelta(seconds=timeout_s),
         use_local_synchronization=local,
     )
+
+
+def renamed_group(
+    process_group: dist.ProcessGroup | None, group: dist.ProcessGroup | None, where: str
+) -> dist.ProcessGroup | None:
+    """``process_group``, or the older keyword ``group`` (a ProcessGroup) with a warning: in
+    public names ``group`` is a list of ranks, ``process_group`` a ProcessGroup."""
+    if group is None:
+        return process_group
+    if process_group is not None:
+        raise TypeError(f"{where}: pass process_group= only (group= is its older name)")
+    warnings.warn(
+        f"{where}(group=...) is now {where}(process_group=...)", DeprecationWarning, stacklevel=3
+    )
+    return group
 
 
 def timeout_of(group: dist.ProcessGroup) -> timedelta | None:

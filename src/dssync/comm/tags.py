@@ -1,8 +1,9 @@
 """Step tags: every averaging carries what it believes it is doing, and checks the others agree.
 
-A tag is three integers: the kind of averaging (:class:`Kind`: a schedule step, ``average_all``,
-a ``GroupAverager`` call, an overlapped step, ...), the step, and a 63-bit fingerprint of the
-bucket layout (sizes and dtypes of the flat buffers). It travels in the same operation as the
+A tag is three integers: the kind of averaging (:class:`Kind`: a schedule's group average,
+``average_all``, a ``GroupAverager`` call, an overlapped average, ...), its index (which one of
+its kind: for an averaging, the number of averagings before it, never a count of optimizer
+steps), and a 63-bit fingerprint of the bucket layout (sizes and dtypes of the flat buffers). It travels in the same operation as the
 data, as a small int64 tensor on the data's device, with one more field: whether every value
 this rank sends is finite (a reduction on the device, :func:`finite_of`).
 
@@ -21,12 +22,12 @@ verdict from the same tags, so all apply, or all keep their own values, and stay
 mirror is read where it is already there without waiting: on the CPU (gloo) right after the
 tags' wait; on a GPU once the copy's event has completed, at the latest at the next averaging.
 A verdict that says no then raises :class:`dssync.errors.SyncError` on every member of the
-group, naming the step, the group and the ranks whose tag differs, or the rank whose values
+group, naming the averaging, the group and the ranks whose tag differs, or the rank whose values
 were not finite; only then are the received tags read on the host (the error path).
 
 Example::
 
-    tag = Tag(Kind.STEP, step=12, layout=layout_of(buffers))
+    tag = Tag(Kind.STEP, index=12, layout=layout_of(buffers))
     tag.tensor(device)            # tensor([1, 12, layout, 1])
 """
 
@@ -59,7 +60,7 @@ class Kind(IntEnum):
 
 
 _KIND_NAMES = {
-    Kind.STEP: "a schedule step",
+    Kind.STEP: "the schedule's group average",
     Kind.ALL: "average_all()",
     Kind.AVERAGER: "GroupAverager",
     Kind.BROADCAST: "the start-up broadcast",
@@ -77,27 +78,37 @@ STEP, ALL, AVERAGER, BROADCAST, PROBE, OVERLAP, META = (
     Kind.OVERLAP,
     Kind.META,
 )
+# the kinds whose index counts averagings
+AVERAGINGS = (Kind.STEP, Kind.ALL, Kind.AVERAGER, Kind.OVERLAP)
 
 
-FIELDS = 4  # kind, step, layout, finite
+FIELDS = 4  # kind, index, layout, finite
 FINITE = 3  # the field that says whether every value the sender sends is finite (1) or not (0)
 
 
 @dataclass(frozen=True)
 class Tag:
-    """What an averaging is: its kind, its step and the layout of its buffers."""
+    """What an averaging is: its kind, its index and the layout of its buffers.
+
+    ``index`` says which one of its kind: for the averaging kinds (:data:`AVERAGINGS`) the
+    averagings counted before it (DSSync's ``averagings``, a GroupAverager's ``step``), for a
+    metadata exchange its call number, 0 for the one-off kinds.
+
+    >>> Tag(Kind.STEP, 3, 0).describe()
+    "the schedule's group average at averaging 3"
+    """
 
     kind: int
-    step: int
+    index: int
     layout: int
 
     def tensor(
         self, device: torch.device | str = "cpu", finite: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``[kind, step, layout, finite]`` on ``device``, with no blocking copy: on a GPU it
+        """``[kind, index, layout, finite]`` on ``device``, with no blocking copy: on a GPU it
         comes from pinned host memory by a non-blocking copy; ``finite`` (a device scalar,
         :func:`finite_of`) is written on the device (default 1)."""
-        values = torch.tensor([int(self.kind), self.step, self.layout, 1], dtype=torch.int64)
+        values = torch.tensor([int(self.kind), self.index, self.layout, 1], dtype=torch.int64)
         device = torch.device(device)
         if device.type == "cuda":
             t = values.pin_memory().to(device, non_blocking=True)
@@ -116,7 +127,9 @@ class Tag:
 
     def describe(self) -> str:
         kind = Kind(self.kind).describe() if self.kind in Kind._value2member_map_ else self.kind
-        return f"{kind} at step {self.step}"
+        if self.kind in AVERAGINGS:
+            return f"{kind} at averaging {self.index}"
+        return f"{kind} #{self.index}"
 
 
 def layout_of(buffers: Sequence[torch.Tensor], part: tuple[int, int] = (0, 1)) -> int:
@@ -150,8 +163,8 @@ def first_nonfinite(buffers: Sequence[torch.Tensor]) -> tuple[int, int] | None:
 
 
 def decode(t: torch.Tensor) -> Tag:
-    kind, step, layout = (int(v) for v in t[:3].tolist())
-    return Tag(kind, step, layout)
+    kind, index, layout = (int(v) for v in t[:3].tolist())
+    return Tag(kind, index, layout)
 
 
 def reads_free(device: torch.device) -> bool:
@@ -296,7 +309,7 @@ def _check_peers(mine: Tag, theirs: dict[int, torch.Tensor], group: list[int]) -
     return SyncError(
         f"ranks out of step in group {group}: this rank is at {mine.describe()}, {seen}; "
         "every rank must call step() equally often (use `with Join([sync]):` for uneven data)",
-        step=mine.step,
+        step=mine.index,
         group=group,
         ranks=sorted(odd),
     )
@@ -305,7 +318,7 @@ def _check_peers(mine: Tag, theirs: dict[int, torch.Tensor], group: list[int]) -
 def _check_signed(mine: Tag, reduced: torch.Tensor, group: list[int]) -> SyncError | None:
     high = reduced[:FINITE].tolist()
     low = [-v for v in reduced[FIELDS : FIELDS + FINITE].tolist()]
-    want = [int(mine.kind), mine.step, mine.layout]
+    want = [int(mine.kind), mine.index, mine.layout]
     if high == want and low == want:
         return None
     lo, hi = Tag(*low), Tag(*high)
@@ -314,7 +327,7 @@ def _check_signed(mine: Tag, reduced: torch.Tensor, group: list[int]) -> SyncErr
         f"spans {lo.describe()} to {hi.describe()}"
         + ("" if lo.layout == hi.layout else " with different bucket layouts")
         + "; every rank must call step() equally often (use `with Join([sync]):` for uneven data)",
-        step=mine.step,
+        step=mine.index,
         group=group,
     )
 

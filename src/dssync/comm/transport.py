@@ -7,9 +7,9 @@ serves pairs, groups of any size, the global average, the compressed wires and t
 (all through :class:`~dssync.comm.averager.Router`), and leaves every member with bit-identical
 buffers, or raises :class:`~dssync.errors.PeerLost` by the deadline.
 
-Point to point (no process group is made): each buffer is cut into pieces (whole int8 chunks of
+Point to point (no process group is made): each buffer is cut into pieces (whole int8 blocks of
 about ``chunk_bytes``), each piece into ``k`` shares, one per member in group order (whole int8
-chunks, :func:`~dssync.comm.wire.shares`; in fp32 as even as they go):
+blocks, :func:`~dssync.comm.wire.shares`; in fp32 as even as they go):
 
 1. every member sends share ``j`` to its owner ``j`` (encoded with its residual on a lossy wire);
    the owner takes the mean of the ``k`` values in group order; on a lossy wire it encodes that
@@ -75,7 +75,7 @@ from dssync.comm.exchange import RollCall, swap_ops, wait
 from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag, Verdict, layout_of
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
-from dssync.comm.wire import CHUNK, Codec, codec_for, encode_with_feedback, shares
+from dssync.comm.wire import BLOCK, Codec, codec_for, encode_with_feedback, shares
 from dssync.errors import SyncError
 
 # Measured with `dssync bench` (4M parameters, 8 workers; DS-Sync over all_reduce pairs in the
@@ -90,7 +90,7 @@ DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 # raw whole-buffer exchange at 16M parameters (the pipeline drained between chunks); with 4,
 # 1.01x, and the emulated clusters' iterations stayed as they were (`dssync bench`, 4M
 # parameters, S1-S3, window 2 and 4 twice each, 2026-12-05: docs/bench.md).
-DEFAULT_WINDOW = 4
+DEFAULT_WINDOW = 4  # chunks in flight per peer on gloo (the one window: a count of chunks)
 # How a compressed group of three or more averages; `dssync bench` records it with its results.
 LARGE_GROUPS = "two-stage"
 FP32 = codec_for("fp32")
@@ -140,8 +140,8 @@ class Transport:
         return have[: b.numel()]
 
     def _pieces(self, buffers: Sequence[torch.Tensor], lossy: bool) -> list[tuple[int, int, int]]:
-        """``(buffer index, lo, hi)`` of each piece on gloo, in order (whole int8 chunks)."""
-        step = max(self.chunk_bytes // 4 // CHUNK, 1) * CHUNK if lossy else None
+        """``(buffer index, lo, hi)`` of each piece on gloo, in order (whole int8 blocks)."""
+        step = max(self.chunk_bytes // 4 // BLOCK, 1) * BLOCK if lossy else None
         out = []
         for i, b in enumerate(buffers):
             size = step or max(self.chunk_bytes // b.element_size(), 1)
@@ -398,7 +398,7 @@ def average_tensors(
             b.copy_(s)
         raise verdict.out_of_step() or SyncError(
             f"non-finite values in {tag.describe()} in group {members}: the ranks kept their own",
-            step=tag.step,
+            step=tag.index,
             group=members,
         )
     unpack(flats)

@@ -2,7 +2,7 @@
 
 A group average with ``wire="bf16"``, ``"fp16"`` or ``"int8"`` sends each member's buffer
 compressed and keeps everything else (the parameters, the sums, the means) in the buffer's own
-dtype. ``int8`` is symmetric and scaled per chunk of :data:`CHUNK` elements (one float32 scale
+dtype. ``int8`` is symmetric and scaled per block of :data:`BLOCK` elements (one float32 scale
 each), so it moves 1/4 of the fp32 bytes plus 1/256 for the scales.
 
 Error feedback (the role of CHOCO-SGD's public copies, for groups whose members change every
@@ -20,7 +20,7 @@ What remains after an exchange, and why consensus still holds:
   rounding): each member's message is ``x_j + e_j - e_j'``, and the group mean keeps the sum of
   the messages. So the global mean of the parameters drifts from what fp32 averaging would give
   by ``-mean(e)``, which never grows: each ``|e|`` is one encoding's error, at most half an int8
-  step (``max|v| / 254`` of its chunk) or half a bf16/fp16 unit in the last place of ``v``.
+  step (``max|v| / 254`` of its block) or half a bf16/fp16 unit in the last place of ``v``.
   A group of three or more encodes its mean once more (:mod:`dssync.comm.transport`, two
   stages) and the owner of each share keeps ``k`` times that second error in its residual for
   it, so there the drift is at most one more encoding's error of the mean per coordinate.
@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from dssync.errors import UsageError
 
 WIRES = ("fp32", "bf16", "fp16", "int8")
-CHUNK = 1024  # elements per int8 scale
+BLOCK = 1024  # elements per int8 scale
 
 
 class Codec:
@@ -99,7 +99,7 @@ class Cast(Codec):
 
 
 class Int8(Codec):
-    """Symmetric int8 with one float32 scale per :data:`CHUNK` elements (``max|v| / 127``).
+    """Symmetric int8 with one float32 scale per :data:`BLOCK` elements (``max|v| / 127``).
 
     A message is one int8 tensor: the values, then the scales' bytes. One tensor, in int8 only,
     made on the parameters' device: a backend that takes training data only (nccl) takes it,
@@ -116,20 +116,20 @@ class Int8(Codec):
         times the scales are what :meth:`decode` gives (the same bits: they are whole numbers
         within int8's range, once -0.0 is made 0.0), so the int8 values are not cast back."""
         dtype, v = v.dtype, v.float()
-        full, n = v.numel() // CHUNK, _chunks(v.numel())
-        msg = torch.empty(n * (CHUNK + 4), dtype=torch.int8, device=v.device)
+        full, n = v.numel() // BLOCK, _blocks(v.numel())
+        msg = torch.empty(n * (BLOCK + 4), dtype=torch.int8, device=v.device)
         q, scale = _unpacked(msg)
-        parts = [(v[: full * CHUNK].view(full, CHUNK), slice(0, full))] if full else []
-        if n > full:  # only the last chunk is padded (a copy of it, not of the buffer)
-            tail = v[full * CHUNK :]
-            parts.append((F.pad(tail, (0, CHUNK - tail.numel())).view(1, CHUNK), slice(full, n)))
+        parts = [(v[: full * BLOCK].view(full, BLOCK), slice(0, full))] if full else []
+        if n > full:  # only the last block is padded (a copy of it, not of the buffer)
+            tail = v[full * BLOCK :]
+            parts.append((F.pad(tail, (0, BLOCK - tail.numel())).view(1, BLOCK), slice(full, n)))
         for rows, at in parts:  # max |v| without a temporary |v|: max(amax, -amin)
             torch.maximum(rows.amax(dim=1), rows.amin(dim=1).neg_(), out=scale[at])
         scale.div_(127.0).masked_fill_(scale == 0, 1.0)
-        steps = torch.empty(n, CHUNK, device=v.device)  # |v| / scale <= 127: no clamp needed
+        steps = torch.empty(n, BLOCK, device=v.device)  # |v| / scale <= 127: no clamp needed
         for rows, at in parts:
             torch.div(rows, scale[at, None], out=steps[at]).round_()
-        q.view(n, CHUNK).copy_(steps)
+        q.view(n, BLOCK).copy_(steps)
         # + 0.0 turns the -0.0 that rounding a small negative gives into the 0.0 a peer decodes
         mine = steps.mul_(scale[:, None]).add_(0.0).view(-1)[: v.numel()]
         return [msg], mine.to(dtype)
@@ -139,40 +139,40 @@ class Int8(Codec):
         # a cast, then a float multiply: the same bits as int8 * float32 in one mixed-dtype
         # kernel, which took 3-17 ms against 0.6-0.75 ms (4M elements, one thread;
         # tools/codec_cost.py)
-        rows = q.view(-1, CHUNK).to(torch.float32).mul_(scale[:, None])
+        rows = q.view(-1, BLOCK).to(torch.float32).mul_(scale[:, None])
         return rows.reshape(-1)[:numel].to(dtype)
 
     def empty(self, numel: int, like: torch.Tensor) -> list[torch.Tensor]:
-        return [torch.empty(_chunks(numel) * (CHUNK + 4), dtype=torch.int8, device=like.device)]
+        return [torch.empty(_blocks(numel) * (BLOCK + 4), dtype=torch.int8, device=like.device)]
 
     def nbytes(self, numel: int) -> int:
-        return _chunks(numel) * (CHUNK + 4)
+        return _blocks(numel) * (BLOCK + 4)
 
 
 def _unpacked(msg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An int8 message's values and its scales (a float32 view of its tail; no copy)."""
-    n = msg.numel() // (CHUNK + 4)
-    return msg[: n * CHUNK], msg[n * CHUNK :].view(torch.float32)
+    n = msg.numel() // (BLOCK + 4)
+    return msg[: n * BLOCK], msg[n * BLOCK :].view(torch.float32)
 
 
-def _chunks(numel: int) -> int:
-    return -(-numel // CHUNK)
+def _blocks(numel: int) -> int:
+    return -(-numel // BLOCK)
 
 
 def shares(numel: int, k: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` of each of ``k`` members' shares of a buffer of ``numel`` elements: whole
-    chunks of :data:`CHUNK`, as even as they go (a share is empty when chunks are fewer than k).
+    blocks of :data:`BLOCK`, as even as they go (a share is empty when blocks are fewer than k).
 
     Example::
 
-        >>> shares(3 * CHUNK + 5, 2)
+        >>> shares(3 * BLOCK + 5, 2)
         [(0, 2048), (2048, 3077)]
     """
-    per, extra = divmod(_chunks(numel), k)
+    per, extra = divmod(_blocks(numel), k)
     cuts, row = [], 0
     for j in range(k):
         end = row + per + (1 if j < extra else 0)
-        cuts.append((min(row * CHUNK, numel), min(end * CHUNK, numel)))
+        cuts.append((min(row * BLOCK, numel), min(end * BLOCK, numel)))
         row = end
     return cuts
 
@@ -190,9 +190,9 @@ def codec_for(wire: str) -> Codec:
     return codecs[wire]
 
 
-# What a quantity whose range int8's per-chunk scale cannot keep travels in on each wire
+# What a quantity whose range int8's per-block scale cannot keep travels in on each wire
 # (optimizer state such as Adam's second moment, spanning many orders of magnitude: scaled by
-# its chunk's largest value it rounds to zero or below, and Adam divides by its square root).
+# its block's largest value it rounds to zero or below, and Adam divides by its square root).
 # bf16 keeps float32's exponent; fp16's smallest normal (6e-5) is above a second moment's
 # usual values, so fp16 sends them as bf16 too. Measured: tests/strategies/test_ranged_state.py.
 RANGED = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16", "int8": "bf16"}

@@ -38,7 +38,7 @@ from dssync.lab.baselines import BSP, DPSGD, FP16, Hierarchical, LocalSGD, Power
 from dssync.lab.baselines.ps import ParameterServer
 from dssync.lab.config import TrainConfig
 from dssync.schedules import ExpGossip, Global, schedule_from_name
-from dssync.schedules.topology import SPREAD, plan_topology_aware
+from dssync.schedules.topology import DEFAULT_MAX_EVERY, SPREAD, plan_topology_aware
 from dssync.strategies import DSSync, Strategy
 from dssync.strategies.before_step import is_adaptive
 from dssync.strategies.options import Options
@@ -69,7 +69,6 @@ OPTIONS: dict[str, Any] = {
 # at every=16 on 2 ranks and 44.5% at every=4 on 4, against 3.1% and 6.9% without: adam.md)
 OUTERS = ("none", "nesterov", "auto")
 GROUP_SIZE = 2  # ranks per DS-Sync group when --group-size is not given (auto may pick another)
-DEFAULT_WINDOW = 8  # a topology plan's longest gap between crossings when it is not re-planned
 
 
 @dataclass(frozen=True)
@@ -137,9 +136,9 @@ def _dssync(
             from dssync.topology import detect
 
             topology = detect()
-        window = replan or DEFAULT_WINDOW
+        max_every = replan or DEFAULT_MAX_EVERY
         schedule = plan_topology_aware(
-            topology, cfg.group_size, cfg.seed, max_every=window, spread=spread
+            topology, cfg.group_size, cfg.seed, max_every=max_every, spread=spread
         )
     elif plan == "global":
         schedule = Global()
@@ -245,7 +244,7 @@ def _auto(
         topology,
         params,
         compute_s=0.0,
-        repeat=cfg.replan or DEFAULT_WINDOW,
+        repeat=cfg.replan or DEFAULT_MAX_EVERY,
         group_size=cfg.group_size,
         wire=cfg.wire,
     )

@@ -256,11 +256,16 @@ def oversubscribed(topology) -> bool:
     )
 
 
+# The longest gap between crossings (in averagings) of a plan that is not re-planned; a
+# re-planned one uses its re-plan period (``replan=``).
+DEFAULT_MAX_EVERY = 8
+
+
 def plan_topology_aware(
     topology,
     group_size: int = 2,
     seed: int = 0,
-    max_every: int = 8,
+    max_every: int = DEFAULT_MAX_EVERY,
     cross_pairs: int = 1,
     spread: bool = SPREAD,
     min_every: int | None = None,

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from dssync.strategies.hooks import Averaging, Hook, Host
+
 # Optimizers that divide by a running average of squared gradients.
 ADAPTIVE = (
     torch.optim.Adam,
@@ -44,12 +46,15 @@ def is_adaptive(optimizer: torch.optim.Optimizer | None) -> bool:
     return isinstance(optimizer, ADAPTIVE)
 
 
-class BeforeStep:
-    """Runs a DSSync's averaging inside ``optimizer.step()``, before it steps, with the gradients.
+class BeforeStep(Hook):
+    """Runs a DSSync's averaging inside ``optimizer.step()``, before it steps, with the gradients:
+    a :class:`~dssync.strategies.hooks.Hook`.
 
-    ``sync`` is the :class:`~dssync.strategies.DSSync` (its ``_sync`` averages; its ``_average``
-    adds :meth:`grads` to what travels). Its :meth:`~dssync.strategies.DSSync.step` after the
-    optimizer's step then only counts (:meth:`taken`).
+    The optimizer's step pre-hook calls ``host.average_now()``
+    (:meth:`~dssync.strategies.DSSync.average_now`); the gradients travel with that averaging
+    (:meth:`travels`) and Adam's second moment is corrected once the mean landed
+    (:meth:`after_merge`). The :meth:`~dssync.strategies.DSSync.step` after the optimizer's step
+    then only counts.
 
     Example::
 
@@ -60,12 +65,12 @@ class BeforeStep:
 
     def __init__(
         self,
-        sync: Any,
+        host: Host,
         optimizer: torch.optim.Optimizer,
         params: list[torch.nn.Parameter] | None = None,
         correct_v: bool = True,
     ) -> None:
-        self.sync = sync
+        self.host = host
         self.optimizer = optimizer
         self.correct_v = correct_v
         self._bound_each_input = False  # the correction's bound before (measurement only)
@@ -77,25 +82,36 @@ class BeforeStep:
             else [p for g in optimizer.param_groups for p in g["params"]]
         )
         self.params = [p for p in held if p.requires_grad]
-        self._armed = False  # averaging now, gradients included
-        self._zeros = False  # ... as zeros (no optimizer step on this rank)
-        self._taken = False  # this step's averaging is done
-        self._notified = False  # ... and ranks out of data (Join) were told of this step first
+        self._in_step = False  # averaging inside optimizer.step(): this rank's gradients travel
+        self._own: dict[torch.Tensor, torch.Tensor] = {}  # ... as they were before the average
+        self._size = 0  # ... in a group of this many
         self.handle = optimizer.register_step_pre_hook(self._before_step)
 
-    def grads(self) -> list[torch.Tensor]:
-        """The gradients that travel with this averaging (none outside one)."""
-        if not self._armed:
-            return []
-        if self._zeros:
+    def travels(self) -> list[torch.Tensor]:
+        """The gradients that travel with the averaging: zeros on a rank that did not step (it
+        ran out of data, under ``Join``), as a joined DDP rank sends."""
+        if not self._in_step:
             return [torch.zeros_like(p) for p in self.params]
         for p in self.params:
             if p.grad is None:  # a parameter this step did not reach: its mean gradient counts it 0
                 p.grad = torch.zeros_like(p)
         return [p.grad for p in self.params]
 
+    def on_send(self, ctx: Averaging) -> None:
+        """Keep this rank's own gradients, the second moment's correction needs them."""
+        correcting = self._in_step and self.correct_v
+        self._own = {p: p.grad.clone() for p in self.params if p.grad is not None and correcting}
+        self._size = len(ctx.group)
+
+    @torch.no_grad()
+    def after_merge(self, host: Host) -> None:
+        """The group's mean gradient landed: correct Adam's second moment for it."""
+        own, self._own = self._own, {}
+        if self._in_step and self.correct_v and self._size > 1:
+            self._correct(own, self._size)
+
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-        if (self.sync.steps + 1) % self.sync.every:
+        if (self.host.steps + 1) % self.host.every:
             return None
         closure = kwargs.get(
             "closure", args[1] if len(args) > 1 else None
@@ -115,14 +131,11 @@ class BeforeStep:
 
     @torch.no_grad()
     def _average_here(self) -> None:
-        own = {p: p.grad.clone() for p in self.params if p.grad is not None and self.correct_v}
-        size = len(self.sync.current_group())
-        self.sync._notify_join()  # a joined rank hears of the step before it serves the group
-        self._notified = True
-        self.average(zeros=False)
-        self._taken = True
-        if self.correct_v and size > 1:
-            self._correct(own, size)
+        self._in_step = True
+        try:
+            self.host.average_now()
+        finally:
+            self._in_step = False
 
     def _correct(self, own: dict[torch.Tensor, torch.Tensor], size: int) -> None:
         """Make the second moment's input E[g_world^2] rather than E[g_group^2]: take
@@ -135,7 +148,7 @@ class BeforeStep:
         DDP; docs/guide/adam.md). The running average is bounded instead: never below ``k / W``
         of what it would be fed the group's squared mean (what it estimates, mean^2 + var / W,
         is at least that), nor below what this step's own input adds to it."""
-        world = self.sync.world_size
+        world = self.host.world_size
         if size >= world:
             return
         k = size
@@ -156,25 +169,6 @@ class BeforeStep:
                 floor = k / world if self._floor else 0.0
                 nxt = torch.maximum(plain - var * ((1 - b2) * (1 / k - 1 / world)), plain * floor)
                 v.copy_(nxt.sub_(sq * (1 - b2)).div_(b2).clamp_(min=0))
-
-    @torch.no_grad()
-    def average(self, zeros: bool) -> None:
-        """One averaging of the DSSync with the gradients (zeros: this rank did not step)."""
-        self._armed, self._zeros = True, zeros
-        try:
-            self.sync._sync()
-        finally:
-            self._armed = self._zeros = False
-
-    def taken(self) -> bool:
-        """Whether this step's averaging already ran in the optimizer's step (and forget it)."""
-        taken, self._taken = self._taken, False
-        return taken
-
-    def notified(self) -> bool:
-        """Whether this step already told joined ranks of itself (and forget it)."""
-        notified, self._notified = self._notified, False
-        return notified
 
     def close(self) -> None:
         self.handle.remove()

@@ -3,8 +3,10 @@
 ``DSSync`` is one class whose options compose: the schedule (the topology-aware plan included),
 re-planning from timings (:mod:`~dssync.strategies.replan`), overlapped averages
 (:mod:`~dssync.strategies.overlap`), local steps (``every``) and an outer optimizer
-(:mod:`~dssync.strategies.outer`). Each option is a small object the class calls at named points
-of an averaging; a pair that cannot work together is refused at construction.
+(:mod:`~dssync.strategies.outer`). Each option that acts around an averaging is a
+:class:`~dssync.strategies.hooks.Hook`, called in a loop at the declared points of every
+averaging; it uses only the public surface :class:`~dssync.strategies.hooks.Host` lists. A pair
+of options that cannot work together is refused at construction.
 
 The averaging core is :class:`dssync.comm.averager.Router` (``GroupAverager`` uses it too): the
 model's tensors live in flat buckets, floating buffers and optimizer state join each average,
@@ -36,10 +38,11 @@ from dssync.comm.wire import codec_for
 from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule, default_schedule, group_of
 from dssync.schedules.base import WHOLE, Part
-from dssync.schedules.topology import plan_topology_aware
+from dssync.schedules.topology import DEFAULT_MAX_EVERY, plan_topology_aware
 from dssync.strategies import sharded
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.base import Strategy
 from dssync.strategies.before_step import BeforeStep
+from dssync.strategies.hooks import Averaging, Hook, Target, WireMemory
 from dssync.strategies.options import Options, options_of
 from dssync.strategies.outer import Outer
 from dssync.strategies.overlap import Overlap
@@ -153,7 +156,9 @@ class DSSync(Strategy, Joinable):
             self._refusal = str(e)
             opts = Options(timeout_s=DEFAULT_TIMEOUT_S).check(None)
         if opts.topology is not None:
-            schedule = plan_topology_aware(opts.topology, max_every=opts.replan or 8)
+            schedule = plan_topology_aware(
+                opts.topology, max_every=opts.replan or DEFAULT_MAX_EVERY
+            )
         else:
             schedule = opts.schedule or default_schedule(self.world_size)
         self.options = opts
@@ -162,14 +167,15 @@ class DSSync(Strategy, Joinable):
         self.steps = 0
         self.averagings = 0
         self._closed = False
+        self._early = False  # this step's averaging ran inside the optimizer's step
         self._planned = self.schedule.describe()
         trainable = [p for p in module.parameters() if p.requires_grad]
-        self.outer = None if opts.outer is None else Outer(trainable, opts.outer)
-        self.before_step = (
-            BeforeStep(self, optimizer, optimizer_params(module, optimizer))
-            if opts.average_grads
-            else None
-        )
+        # The options acting around an averaging, called in this order at each hook point.
+        self.hooks: list[Hook] = []
+        if opts.average_grads:
+            self.hooks.append(BeforeStep(self, optimizer, optimizer_params(module, optimizer)))
+        if opts.outer is not None:
+            self.hooks.append(Outer(trainable, opts.outer))
         extra = sharded.agreement(module) if self.sharded else {}
         check_start(self, {**opts.agreement(), **extra})
         self._buckets = FlatBuckets([] if self.sharded else self._tensors(), opts.bucket_bytes)
@@ -191,28 +197,27 @@ class DSSync(Strategy, Joinable):
             with torch.no_grad():
                 everything = sharded.locals_of([*module.parameters(), *module.buffers()])
                 broadcast_tensors(everything, 0, process_group, opts.timeout_s, self.router.roll)
-        if self.outer is not None:
-            self.outer.reset()
-        self._prepare_cycle()
-        self.replanner = (
-            Replanner(schedule, opts.replan, module_device(module), fragments=opts.fragments)
-            if opts.replan
-            else None
-        )
-        self._overlap = (
-            Overlap(
-                process_group,
-                opts.timeout_s,
-                opts.bucket_bytes,
-                device,
-                self.router.groups,
-                wire=opts.wire,
-                residuals=self.router.residuals,
-                nonfinite=opts.nonfinite,
+        for hook in self.hooks:
+            hook.on_start(self)
+        self.use_schedule(self.schedule)
+        if opts.replan:
+            at = module_device(module)
+            self.hooks.append(Replanner(schedule, opts.replan, at, fragments=opts.fragments))
+        if opts.overlap:
+            self.hooks.append(
+                Overlap(
+                    process_group,
+                    opts.timeout_s,
+                    opts.bucket_bytes,
+                    device,
+                    self.router.groups,
+                    wire=opts.wire,
+                    residuals=self.router.residuals,
+                    nonfinite=opts.nonfinite,
+                )
             )
-            if opts.overlap
-            else None
-        )
+        if codec_for(opts.wire).name != "fp32":
+            self.hooks.append(WireMemory(codec_for(opts.wire).name, self.router.residuals))
 
     # What the instance runs with, read from its options (set once, at construction).
     every = property(lambda self: self.options.every)
@@ -227,6 +232,24 @@ class DSSync(Strategy, Joinable):
     average_buffers = property(lambda self: self.options.average_buffers)
     average_frozen = property(lambda self: self.options.average_frozen)
     broadcast_init = property(lambda self: self.options.broadcast_init)
+
+    def _hook(self, name: str) -> Any:
+        return next((h for h in self.hooks if h.name == name), None)
+
+    @property
+    def outer(self) -> Outer | None:
+        """The outer step's hook (``outer=``), or None."""
+        return self._hook("outer")
+
+    @property
+    def replanner(self) -> Replanner | None:
+        """The re-planning hook (``replan=``), or None."""
+        return self._hook("replan")
+
+    @property
+    def before_step(self) -> BeforeStep | None:
+        """The hook averaging inside the optimizer's step (``average_grads``), or None."""
+        return next((h for h in self.hooks if isinstance(h, BeforeStep)), None)
 
     def _plan_source(self) -> tuple[Topology, dict[str, Any]] | None:
         """The topology and planner settings this run's plan was made from (None: not planned)."""
@@ -246,8 +269,8 @@ class DSSync(Strategy, Joinable):
             plan = Fragments(plan, self.schedule.fragments)
         if plan.describe() != state.get("schedule"):
             return False
-        self.schedule, self._planned = plan, plan.describe()
-        self._prepare_cycle()
+        self._planned = plan.describe()
+        self.use_schedule(plan)
         return True
 
     def _name_at(self, i: int, index: int) -> str:
@@ -271,9 +294,11 @@ class DSSync(Strategy, Joinable):
             tensors += [b for b in self.module.buffers() if b.is_floating_point()]
         return tensors
 
-    def _prepare_cycle(self) -> None:
-        """Make the groups a repeating schedule needs (collective; construction and re-plans only)."""
-        self.router.prepare(self.schedule)
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Average with ``schedule`` from the next averaging on (collective: every rank switches
+        alike; makes the groups a repeating schedule needs, as at construction)."""
+        self.schedule = schedule
+        self.router.prepare(schedule)
 
     @property
     def bucket_count(self) -> int:
@@ -292,7 +317,7 @@ class DSSync(Strategy, Joinable):
     @property
     def pending(self) -> bool:
         """True while an overlapped average is started or arrived but not yet merged."""
-        return self._overlap is not None and self._overlap.pending
+        return any(h.defers and h.pending for h in self.hooks)
 
     def current_group(self) -> list[int]:
         """This rank's group at the next averaging."""
@@ -301,9 +326,18 @@ class DSSync(Strategy, Joinable):
     @torch.no_grad()
     def step(self) -> None:
         """Count an optimizer step; every ``every``-th one, average with this averaging's group."""
-        if self.before_step is None or not self.before_step.notified():  # once a step
+        early, self._early = self._early, False
+        if not early:  # average_now() told the ranks that ran out of data (Join) already
             self._notify_join()
-        self._step()
+        self._step(averaged=early)
+
+    @torch.no_grad()
+    def average_now(self) -> None:
+        """Run this step's averaging now, before :meth:`step` counts the step (what
+        ``average_grads`` does inside ``optimizer.step()``); that :meth:`step` then only counts."""
+        self._notify_join()  # a joined rank hears of the step before it serves the group
+        self._sync()
+        self._early = True
 
     def _notify_join(self) -> None:
         """Tell ranks that ran out of data (torch ``Join``) that this one takes a step."""
@@ -312,67 +346,73 @@ class DSSync(Strategy, Joinable):
             wait(
                 work,
                 _deadline(self.timeout_s),
-                Tag(STEP, self.steps, 0),
+                Tag(STEP, self.averagings, 0),
                 list(range(self.world_size)),
                 self.timeout_s,
+                what=f"the Join notification of optimizer step {self.steps + 1}",
                 process_group=self.join_process_group,
             )
 
-    def _step(self) -> None:
+    def _step(self, averaged: bool = False) -> None:
         self.steps += 1
-        if self.steps % self.every == 0:
-            if self.before_step is None:
-                self._sync()
-            elif not self.before_step.taken():  # no optimizer step here (joined): zero gradients
-                self.before_step.average(zeros=True)
+        if self.steps % self.every == 0 and not averaged:
+            self._sync()
 
     def _sync(self) -> None:
-        """One averaging: merge or average, the outer step, then re-planning, at these points."""
-        with SyncTimer(self):
+        """One averaging, each hook called at its points (:mod:`dssync.strategies.hooks`)."""
+        with self.syncing():
             t = self.averagings
             group = group_of(self.schedule.partition(t, self.world_size), self.rank)
             part = self.schedule.part(group, t, self.world_size) if len(group) > 1 else WHOLE
-            if self._overlap is not None:
+            deferred = any(h.defers for h in self.hooks)
+            ctx = Averaging(self, t, group, part, deferred=deferred)
+            if deferred:  # the previous averaging's mean lands first
                 self.finish()
-                if self.outer is not None:
-                    self.outer.send()
-                if len(group) > 1:
-                    snapshot, ranged = self._snapshot()
-                    self._overlap.start(group, t, snapshot, part, ranged=ranged)
-            else:
-                if len(group) > 1:
-                    self._average_group(group, part)
-                if self.outer is not None:
-                    self.outer.apply()
+            for hook in self.hooks:
+                hook.on_send(ctx)
+            if not deferred:
+                for hook in self.hooks:
+                    hook.before_merge(self)
+            if len(group) > 1:
+                self._around(ctx, 0)
+            if not deferred:
+                for hook in self.hooks:
+                    hook.after_merge(self)
             self.averagings += 1
-            if self.replanner is not None:
-                self.replanner.after(self)
+            for hook in self.hooks:
+                hook.after_average(ctx)
 
-    def _average_group(self, group: list[int], part: Part = WHOLE) -> None:
-        """Average ``part`` of the model with ``group`` (timed when re-planning)."""
-        if self.replanner is not None:
-            self.replanner.timed(self, group, part)
+    def _around(self, ctx: Averaging, i: int) -> None:
+        """Hook ``i``'s :meth:`~dssync.strategies.hooks.Hook.around` of the rest; the innermost
+        is the blocking average."""
+        if i == len(self.hooks):
+            extra = [t for h in self.hooks for t in h.travels()]
+            self._average(ctx.group, len(ctx.group), part=ctx.part, extra=extra)
         else:
-            self._average(group, len(group), part=part)
+            self.hooks[i].around(ctx, lambda: self._around(ctx, i + 1))
 
     @torch.no_grad()
     def finish(self) -> None:
         """Wait for the overlapped average in flight, if any, and merge it; with ``outer=``,
-        apply the outer step it was due (one averaging late,
-        :meth:`dssync.strategies.outer.Outer.apply_late`)."""
-        if self._overlap is None:
+        apply the outer step it was due (one averaging late, :mod:`dssync.strategies.outer`)."""
+        if not any(h.defers for h in self.hooks):
             return
-        late = self.outer is not None and self.outer.sent is not None
-        if late:
-            self.outer.progress()
+        for hook in self.hooks:
+            hook.before_merge(self)
+        for hook in self.hooks:
+            hook.merge(self)
+        for hook in self.hooks:
+            hook.after_merge(self)
+
+    def targets(self) -> list[Target]:
+        """Where a deferred mean lands: the flat buckets, then the optimizer's floating state as
+        packed buffers (the order of :meth:`snapshot`)."""
         moments, ranged = self._optimizer_state()
         state = [
             *plan_buckets(moments, self.bucket_bytes),
             *plan_buckets(ranged, self.bucket_bytes),
         ]
-        self._overlap.finish([*self._fresh_buckets().buffers, *state], self.averagings)
-        if late:
-            self.outer.apply_late()
+        return [*self._fresh_buckets().buffers, *state]
 
     def close(self) -> None:
         """Finish and merge a pending average, stop the overlap lane's worker and destroy the
@@ -382,23 +422,20 @@ class DSSync(Strategy, Joinable):
         self._closed = True
         self.finish()
         self.router.settle()  # a verdict left on the device raises here, not never
-        if self.before_step is not None:
-            self.before_step.close()
-        if self._overlap is not None:
-            self._overlap.close()
-            dist.destroy_process_group(self._overlap.lane.group)
+        for hook in self.hooks:
+            hook.close()
         self.router.close()  # the lane's router shares these groups
 
     @torch.no_grad()
     def average_all(self) -> None:
         """One global average over all ranks (e.g. for the final model); tagged apart from steps."""
-        with SyncTimer(self):
+        with self.syncing():
             self.finish()
             self._average(list(range(self.world_size)), self.world_size, kind=ALL)
             averaged = self._tensors() if self.sharded else self._buckets.tensors
             align_rest(self.module, averaged, self.process_group, self.timeout_s)
-            if self.outer is not None:
-                self.outer.reset()
+            for hook in self.hooks:
+                hook.on_start(self)
 
     def _fresh_buckets(self) -> FlatBuckets:
         """The flat buckets, re-laid (with a warning) if the module's tensors were replaced."""
@@ -411,7 +448,7 @@ class DSSync(Strategy, Joinable):
             self._buckets = FlatBuckets(self._tensors(), self.bucket_bytes)
         return self._buckets
 
-    def _snapshot(self) -> tuple[list[torch.Tensor], int]:
+    def snapshot(self) -> tuple[list[torch.Tensor], int]:
         """Copies of the buckets and the packed optimizer state, for an overlapped average, and
         how many of them at the end hold state that keeps its range on the wire."""
         moments, ranged = self._optimizer_state()
@@ -420,8 +457,16 @@ class DSSync(Strategy, Joinable):
         kept = [flat for flat, _ in pack(ranged, self.bucket_bytes)]
         return snapshot + kept, len(kept)
 
-    def _average(self, group: list[int], size: int, kind: int = STEP, part: Part = WHOLE) -> None:
-        """Average buckets and optimizer state (``part`` of them) with ``group``."""
+    def _average(
+        self,
+        group: list[int],
+        size: int,
+        kind: int = STEP,
+        part: Part = WHOLE,
+        extra: list[torch.Tensor] | None = None,
+    ) -> None:
+        """Average buckets and optimizer state (``part`` of them), and ``extra`` tensors (what
+        the hooks add: :meth:`~dssync.strategies.hooks.Hook.travels`), with ``group``."""
         if size < 2:
             return
         moments, ranged = self._optimizer_state()
@@ -430,13 +475,10 @@ class DSSync(Strategy, Joinable):
             kind,
             self.averagings,
             buffers=self._fresh_buckets().buffers,
-            tensors=self._shards() + moments + self._grads(),
+            tensors=self._shards() + moments + sharded.locals_of(extra or []),
             part=part,
             ranged=ranged,
         )
-
-    def _grads(self) -> list[torch.Tensor]:
-        return [] if self.before_step is None else sharded.locals_of(self.before_step.grads())
 
     def _shards(self) -> list[torch.Tensor]:
         """A sharded model's local shards (read afresh: FSDP2 may replace their storage)."""
@@ -481,20 +523,15 @@ class DSSync(Strategy, Joinable):
             "averagings": self.averagings,
             "schedule": self._planned,
         }
-        if self.outer is not None:
-            state["outer"] = self.outer.state_dict()
-        if self._overlap is not None:
-            state["overlap"] = self._overlap.state_dict()
-        if self.replanner is not None:
-            state["replan"] = self.replanner.state_dict()
-        elif (source := self._plan_source()) is not None:  # a fixed plan: its rates
-            topology = source[0]
+        for hook in self.hooks:
+            if hook.name:
+                state[hook.name] = hook.state_dict()
+        if self.replanner is None and (source := self._plan_source()) is not None:
+            topology = source[0]  # a fixed plan: its rates
             state["planned_rates"] = {
                 "host_mbit": {str(h): float(r) for h, r in topology.host_mbit.items()},
                 "uplink_mbit": topology.uplink_mbit,
             }
-        if self.wire != "fp32":
-            state["wire"] = {"format": self.wire, **self.router.residuals.state_dict()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -511,15 +548,11 @@ class DSSync(Strategy, Joinable):
                 f"{self._planned}; resume with the same schedule= (type, group size and seed) "
                 "and replan= (for a topology-aware plan, the same hosts and racks)"
             )
-        for key, on in (
-            ("outer", self.outer),
-            ("overlap", self._overlap),
-            ("replan", self.replanner),
-        ):
-            if (key in state) != (on is not None):
+        for key in ("outer", "overlap", "replan"):
+            if (key in state) != (self._hook(key) is not None):
                 raise UsageError(
                     f"checkpoint was written {'with' if key in state else 'without'} {key}=, "
-                    f"this run {'uses' if on is not None else 'does not use'} it; resume with "
+                    f"this run {'uses' if key not in state else 'does not use'} it; resume with "
                     "the same options (outer=, overlap=, replan=)"
                 )
         self.finish()  # one already in flight completes so the group's messages stay matched
@@ -531,14 +564,9 @@ class DSSync(Strategy, Joinable):
                 f"checkpoint was written with wire={saved['format']}, this run uses "
                 f"wire={self.wire}; resume with the same wire="
             )
-        if self.wire != "fp32":
-            self.router.residuals.load_state_dict(saved)
-        if self.outer is not None:
-            self.outer.load_state_dict(state["outer"])
-        if self._overlap is not None:
-            self._overlap.load_state_dict(state["overlap"])
-        if self.replanner is not None:
-            self.replanner.load_state_dict(state["replan"], self)
+        for hook in self.hooks:
+            if hook.name:
+                hook.load_state_dict(state[hook.name], self)
 
 
 class _ServeGroups(JoinHook):

@@ -15,6 +15,132 @@ Example::
     Traceback (most recent call last):
     ...
     dssync.errors.UsageError: every=0 must be >= 1 (optimizer steps per averaging); try 1 or 4
+
+Examples, one per option (they run as doctests; :func:`dssync.testing.one_rank` is a process
+group of one rank in this process, so ``Global()`` is its one group)::
+
+    >>> import torch
+    >>> from dssync import DSSync, Global, Shuffle, nesterov, plan_topology_aware
+    >>> from dssync.schedules import Fragments, group_of
+    >>> from dssync.testing import one_rank
+    >>> from dssync.topology import Topology
+
+``schedule``: rank 0's group at averagings 0, 1 and 2 of four ranks (the same on every rank):
+
+    >>> pairs = Shuffle(2, seed=0)
+    >>> [group_of(pairs.partition(t, 4), 0) for t in range(3)]
+    [[0, 2], [0, 3], [0, 3]]
+
+``topology``: the schedule is ``plan_topology_aware(topology, max_every=8)``; two hosts of two
+ranks average inside each host and cross between them every few averagings:
+
+    >>> topo = Topology(hosts=(0, 0, 1, 1), racks=(0, 0, 1, 1))
+    >>> plan = plan_topology_aware(topo, max_every=8)
+    >>> plan.partition(1, 4), plan.partition(4, 4)
+    ([[0, 1], [2, 3]], [[0], [1, 2], [3]])
+    >>> Options(topology=topo, schedule=pairs).check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: pass topology= or schedule=, not both: ...
+
+``every``: one averaging every 4th optimizer step:
+
+    >>> with one_rank():
+    ...     sync = DSSync(torch.nn.Linear(2, 1), Global(), every=4)
+    ...     for _ in range(8):
+    ...         sync.step()
+    ...     sync.steps, sync.averagings
+    (8, 2)
+
+``outer``: the outer optimizer steps the anchor by the pseudo-gradient; at rate 0.5 the
+parameters go half way from the anchor (0) to the averaged ones (2):
+
+    >>> with one_rank():
+    ...     model = torch.nn.Linear(2, 1, bias=False)
+    ...     _ = torch.nn.init.zeros_(model.weight)
+    ...     sync = DSSync(model, Global(), outer=nesterov(lr=0.5, momentum=0.0))
+    ...     with torch.no_grad():
+    ...         _ = model.weight.add_(2.0)     # local steps
+    ...     sync.step()
+    ...     model.weight.tolist()
+    [[1.0, 1.0]]
+
+``overlap``: the average runs behind the next steps, merged at the next averaging or at
+``finish()``; it cannot be timed, so not with ``replan``:
+
+    >>> with one_rank():
+    ...     sync = DSSync(torch.nn.Linear(2, 1), Global(), overlap=True)
+    ...     sync.step(); sync.finish(); sync.close()
+    ...     sync.pending
+    False
+    >>> Options(topology=topo, overlap=True, replan=8).check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: overlap=True with replan: an overlapped average hides ...
+
+``replan``: re-plans a topology-aware plan, so it needs one:
+
+    >>> Options(topology=topo, replan=8).check().replan
+    8
+    >>> Options(replan=8).check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: replan=8 re-plans a topology-aware plan, but the schedule is ...
+
+``wire``: what travels; a compressed wire's error memory is in ``state_dict()``:
+
+    >>> with one_rank():
+    ...     sync = DSSync(torch.nn.Linear(2, 1), Global(), wire="int8")
+    ...     sync.step()
+    ...     sync.wire, sync.state_dict()["wire"]["format"]
+    ('int8', 'int8')
+    >>> Options(wire="int4").check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: wire='int4' is not a wire format; choose one of fp32, bf16, fp16, int8
+
+``fragments``: one quarter of every buffer per averaging, in rotation, as ``(index, count)``:
+
+    >>> quarters = Fragments(pairs, 4)
+    >>> [quarters.part([0, 2], t, 4) for t in range(5)]
+    [(0, 4), (1, 4), (2, 4), (3, 4), (0, 4)]
+
+``average_grads``: on by default for an Adam-family optimizer, off for SGD (the same there):
+
+    >>> params = torch.nn.Linear(2, 1).parameters()
+    >>> Options().check(torch.optim.AdamW(params)).average_grads
+    True
+    >>> Options().check(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)).average_grads
+    False
+
+``bucket_bytes``: the largest flat buffer; a tensor larger than it (this weight's 4 KB) has a
+buffer of its own, the bias another:
+
+    >>> with one_rank():
+    ...     DSSync(torch.nn.Linear(256, 4), Global(), bucket_bytes=1024).bucket_count
+    2
+
+``average_buffers``, ``average_frozen``: what is averaged besides the trainable parameters:
+
+    >>> Options(average_buffers=False, average_frozen=True).describe()
+    'average_buffers=False, average_frozen=True'
+
+``broadcast_init``, ``timeout_s``, ``nonfinite``, ``pairs``: checked values:
+
+    >>> Options(broadcast_init=False, timeout_s=30).describe()
+    'broadcast_init=False, timeout_s=30'
+    >>> Options(timeout_s=0).check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: timeout_s=0 must be a positive number of seconds; the default is 120
+    >>> Options(nonfinite="ignore").check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: nonfinite='ignore': choose 'raise' or 'skip'
+    >>> Options(pairs="ring").check()
+    Traceback (most recent call last):
+    ...
+    dssync.errors.UsageError: pairs='ring': choose 'exchange' or 'all_reduce'
 """
 
 from __future__ import annotations
@@ -69,7 +195,7 @@ class Options:
         replan: re-plan the topology-aware plan every ``replan`` averagings from the measured
             sync times (0: never). Needs ``topology=`` (or a plan from ``plan_topology_aware``).
         wire: what travels: ``"fp32"`` (the buffers as kept), ``"bf16"``, ``"fp16"`` or
-            ``"int8"`` (scaled per chunk), compressed with error feedback
+            ``"int8"`` (one scale per block of 1,024 elements), compressed with error feedback
             (:mod:`dssync.comm.wire`); Adam's second moment never travels as int8;
             ``average_all()`` is exact.
         fragments: average one of this many fragments of every buffer per averaging, in

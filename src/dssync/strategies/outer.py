@@ -24,7 +24,7 @@ once); nothing else crosses the network.
 
 With ``overlap=True`` the mean of what an averaging sent arrives at the next one, so the outer
 step is applied one averaging late. At averaging ``t`` the rank sends its parameters ``s_i``
-(kept as :attr:`Outer.sent`) and trains on from them; at ``t + 1`` the group's mean ``m`` of the
+(kept as :attr:`Outer.sent` when the mean lands later than it is sent, whatever defers it) and trains on from them; at ``t + 1`` the group's mean ``m`` of the
 ``s`` arrives, the pseudo-gradient is ``a_i - m``, the outer optimizer steps the anchor, and the
 parameters restart from it with the local progress made since sending:
 ``x_i <- a_i + (x_i - s_i)``, which is then sent. Each pseudo-gradient is still minus the group's
@@ -32,6 +32,10 @@ mean progress over one window of ``every`` steps, as in DiLoCo, taken one window
 at rate 1 without momentum gives overlap's own merge ``x_i <- m + (x_i - s_i)``, and the mean over
 ranks is kept as above. The cost is the staleness: each window's progress reaches the anchors
 one window later, so the outer momentum acts on pseudo-gradients one window old.
+
+:class:`Outer` is a :class:`~dssync.strategies.hooks.Hook`: it acts at the points every
+averaging has (:meth:`Outer.on_send`, :meth:`Outer.before_merge`, :meth:`Outer.after_merge`), and
+whether the mean lands at once or one averaging late is the one thing it reads of the averaging.
 
 Checkpoints: :meth:`Outer.state_dict` holds the anchors, the outer optimizer's state and, with
 overlap, what was last sent.
@@ -45,6 +49,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dssync.strategies.hooks import Averaging, Hook
 
 OuterFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
@@ -74,20 +80,31 @@ def nesterov(lr: float = 0.7, momentum: float = 0.9) -> OuterFactory:
     return Nesterov(lr, momentum)
 
 
-class Outer:
-    """Anchors and the outer optimizer of one DSSync (see the module docstring).
+class Outer(Hook):
+    """Anchors and the outer optimizer of one DSSync (see the module docstring): a
+    :class:`~dssync.strategies.hooks.Hook`.
 
-    Example (what ``DSSync(outer=nesterov())`` does at named points)::
+    Example (what ``DSSync(outer=nesterov())`` does at an averaging)::
 
-        outer = Outer(trainable_params, nesterov())
-        outer.reset()       # anchors <- parameters (after the start-up broadcast, average_all)
-        outer.apply()       # after each averaging: a <- outer step on a - x; x <- a
+        >>> import torch
+        >>> from dssync.strategies.hooks import Averaging
+        >>> x = torch.zeros(2)
+        >>> outer = Outer([x], nesterov(lr=1.0, momentum=0.0))
+        >>> outer.on_start(None)          # anchors <- parameters (start-up, average_all)
+        >>> x += 1.0                      # local steps, then the group's mean lands in x
+        >>> outer.on_send(Averaging(None, 0, [0, 1]))
+        >>> outer.after_merge(None)       # a <- outer step on a - x; x <- a
+        >>> x
+        tensor([1., 1.])
     """
+
+    name = "outer"
 
     def __init__(self, params: Iterable[torch.Tensor], factory: OuterFactory) -> None:
         self.params = list(params)
         self.anchors = [p.detach().clone() for p in self.params]
-        self.sent: list[torch.Tensor] | None = None  # with overlap: what the last average sent
+        self.sent: list[torch.Tensor] | None = None  # deferred: what the last average sent
+        self._due = False  # an outer step is due when the mean lands
         self.optimizer = factory(self.anchors)
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             from dssync.errors import UsageError
@@ -104,48 +121,44 @@ class Outer:
         return f"{type(opt).__name__}{groups}"
 
     @torch.no_grad()
-    def reset(self) -> None:
+    def on_start(self, host: object) -> None:
         """Anchors <- the parameters as they are now (the outer optimizer's state is kept);
         nothing sent is pending."""
         for a, p in zip(self.anchors, self.params, strict=True):
             a.copy_(p)
-        self.sent = None
+        self.sent, self._due = None, False
 
     @torch.no_grad()
-    def apply(self) -> None:
-        """After an averaging: pseudo-gradient a - x, one outer step on the anchors, x <- a."""
-        for a, p in zip(self.anchors, self.params, strict=True):
-            a.grad = a - p
-        self.optimizer.step()
-        for a, p in zip(self.anchors, self.params, strict=True):
-            p.copy_(a)
-            a.grad = None
+    def on_send(self, ctx: Averaging) -> None:
+        """An outer step is due when this averaging's mean lands; if it lands later than it is
+        sent, the parameters as sent are kept (:attr:`sent`) until then."""
+        self.sent = [p.detach().clone() for p in self.params] if ctx.deferred else None
+        self._due = True
 
     @torch.no_grad()
-    def send(self) -> None:
-        """With overlap: the parameters as this averaging sends them, kept until the mean comes."""
-        self.sent = [p.detach().clone() for p in self.params]
-
-    @torch.no_grad()
-    def progress(self) -> None:
-        """With overlap, before the mean is merged: :attr:`sent` <- the progress made since
+    def before_merge(self, host: object) -> None:
+        """A mean sent earlier is about to land: :attr:`sent` <- the progress made since
         sending, ``x - s``."""
-        assert self.sent is not None
-        for s, p in zip(self.sent, self.params, strict=True):
-            s.neg_().add_(p)
+        if self._due and self.sent is not None:
+            for s, p in zip(self.sent, self.params, strict=True):
+                s.neg_().add_(p)
 
     @torch.no_grad()
-    def apply_late(self) -> None:
-        """With overlap, after the mean is merged (``x = m + d`` with ``d`` the progress
-        :meth:`progress` kept): pseudo-gradient ``a - m``, one outer step, ``x <- a + d``."""
-        assert self.sent is not None
-        for a, d, p in zip(self.anchors, self.sent, self.params, strict=True):
-            a.grad = a - (p - d)
+    def after_merge(self, host: object) -> None:
+        """The mean ``m`` landed (``x = m + d``, ``d`` the progress :meth:`before_merge` kept,
+        0 when it landed at once): pseudo-gradient ``a - m``, one outer step, ``x <- a + d``."""
+        if not self._due:
+            return
+        progress = self.sent
+        for i, (a, p) in enumerate(zip(self.anchors, self.params, strict=True)):
+            a.grad = a - p if progress is None else a - (p - progress[i])
         self.optimizer.step()
-        for a, d, p in zip(self.anchors, self.sent, self.params, strict=True):
-            p.copy_(a).add_(d)
+        for i, (a, p) in enumerate(zip(self.anchors, self.params, strict=True)):
+            p.copy_(a)
+            if progress is not None:
+                p.add_(progress[i])
             a.grad = None
-        self.sent = None
+        self.sent, self._due = None, False
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -157,9 +170,10 @@ class Outer:
         return state
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], host: object = None) -> None:
         for a, saved in zip(self.anchors, state["anchors"], strict=True):
             a.copy_(saved)
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         sent = state.get("sent")
         self.sent = None if sent is None else [s.clone() for s in sent]
+        self._due = self.sent is not None  # saved between averagings: due only when deferred

@@ -39,6 +39,7 @@ overlapped ones is refused at construction (the start-up agreement compares ``ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,19 +50,22 @@ from dssync.comm.tags import OVERLAP
 from dssync.comm.wire import Residuals
 from dssync.errors import SyncError
 from dssync.schedules.base import WHOLE, Part
+from dssync.strategies.hooks import Averaging, Hook, Host, Target
 
-Target = torch.Tensor | list[torch.Tensor]  # a flat bucket, or the tensors one packed buffer holds
 
-
-class Overlap:
-    """The average in flight of one DSSync: started on a :class:`Lane`, merged one averaging later.
+class Overlap(Hook):
+    """The average in flight of one DSSync: started on a :class:`Lane`, merged one averaging
+    later; a :class:`~dssync.strategies.hooks.Hook` that defers.
 
     Example (what ``DSSync(overlap=True)`` does at each averaging)::
 
         overlap = Overlap(group, timeout_s, bucket_bytes, device, router.groups)
-        overlap.finish(targets, step)                # merge the previous average, if any
-        overlap.start(members, step, snapshot, part) # start this one; returns at once
+        overlap.merge(host)          # merge the previous average, if any (host.targets())
+        overlap.around(ctx, average) # start this one on host.snapshot(); returns at once
     """
+
+    name = "overlap"
+    defers = True
 
     def __init__(
         self,
@@ -107,6 +111,19 @@ class Overlap:
         pending = self.lane.start(group, OVERLAP, step, snapshot, part, ranged=ranged)
         self._pending = (pending, snapshot)
 
+    def around(self, ctx: Averaging, average: Callable[[], None]) -> None:
+        """Start this averaging on a snapshot of the host's buffers and optimizer state
+        (:meth:`Host.snapshot <dssync.strategies.hooks.Host.snapshot>`); returns at once."""
+        snapshot, ranged = ctx.host.snapshot()
+        self.start(ctx.group, ctx.t, snapshot, ctx.part, ranged=ranged)
+
+    def merge(self, host: Host) -> bool:
+        """Wait for the average in flight, if any, and merge it into the host's tensors."""
+        if not self.pending:
+            return False
+        self.finish(host.targets(), host.averagings)
+        return True
+
     def arrive(self) -> None:
         """Wait for the average in flight, if any, without merging it."""
         if self._pending is not None:
@@ -141,8 +158,10 @@ class Overlap:
                 offset += n
 
     def close(self) -> None:
-        """Stop the lane's worker (every rank; merge first with :meth:`finish`)."""
+        """Stop the lane's worker and destroy its process group (every rank; merge first with
+        :meth:`finish`)."""
         self.lane.close()
+        dist.destroy_process_group(self.lane.group)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The arrived, not yet merged average (snapshot and means), or None.
@@ -155,7 +174,7 @@ class Overlap:
             return None
         return {"snapshot": self._ready[0], "means": self._ready[1]}
 
-    def load_state_dict(self, ready: dict[str, Any] | None) -> None:
+    def load_state_dict(self, ready: dict[str, Any] | None, host: Host | None = None) -> None:
         """The average to merge at the next averaging (call :meth:`finish` on one in flight first)."""
         self._ready = None if ready is None else (list(ready["snapshot"]), list(ready["means"]))
 

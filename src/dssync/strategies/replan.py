@@ -19,6 +19,7 @@ the re-plan. Overlap (``overlap=True``) hides the transfer these timings measure
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,8 +31,8 @@ from dssync.comm.meta import bounded
 from dssync.comm.side import side_group
 from dssync.errors import UsageError
 from dssync.schedules import Fragments, Schedule
-from dssync.schedules.base import WHOLE, Part
 from dssync.schedules.topology import TopologyAware, plan_topology_aware
+from dssync.strategies.hooks import Averaging, Hook, Host
 from dssync.topology import Topology
 
 SLOW_ON, SLOW_OFF = 3.0, 1.5  # a host's best local sync vs the others': slow above, fast below
@@ -41,8 +42,10 @@ MIN_SIGNAL_S = 0.002  # times are compared to at least this (timer noise of tiny
 STAT_COLUMNS = 5  # median local, min local, median crossing, n local, n crossing
 
 
-class Replanner:
-    """Times a DSSync's averagings and re-plans its topology-aware schedule every ``period`` of them.
+class Replanner(Hook):
+    """Times a DSSync's averagings and re-plans its topology-aware schedule every ``period`` of
+    them: a :class:`~dssync.strategies.hooks.Hook` (it switches plans through
+    :meth:`Host.use_schedule <dssync.strategies.hooks.Host.use_schedule>`).
 
     ``schedule`` must come from :func:`plan_topology_aware` (it remembers the topology and the
     planner's settings; a re-plan repeats them with the re-estimated rates). ``min_signal_s``:
@@ -52,9 +55,11 @@ class Replanner:
     Example (what ``DSSync(model, topology=topo, replan=8)`` does at named points)::
 
         replanner = Replanner(plan_topology_aware(topo, max_every=8), period=8, device=dev)
-        replanner.timed(sync, group, part)     # instead of the plain average
-        replanner.after(sync)                  # after each averaging: re-plans every 8th
+        replanner.around(ctx, average)         # times the transfer of average()
+        replanner.after_average(ctx)           # after each averaging: re-plans every 8th
     """
+
+    name = "replan"
 
     def __init__(
         self,
@@ -86,26 +91,26 @@ class Replanner:
     def plan(self, topology: Topology) -> Schedule:
         return plan_again(topology, self.settings, self.fragments)
 
-    def timed(self, sync: Any, group: list[int], part: Part = WHOLE) -> None:
+    def around(self, ctx: Averaging, average: Callable[[], None]) -> None:
         """Average with the group, timing only the transfer (the device's work included).
 
         A slice's time is scaled to the whole model's (times the number of slices), so a spread
         crossing is compared with local syncs as a whole crossing would be.
         """
         t0 = clock(self.device)
-        sync._average(group, len(group), part=part)
+        average()
         end = clock(self.device)
-        came = sync.router.arrived  # every member's tag checked: the rest is transfer
-        spent = (end - max(t0, came if came is not None else t0)) * part[1]
-        crosses = len({self._home[r] for r in group}) > 1
+        came = ctx.host.router.arrived  # every member's tag checked: the rest is transfer
+        spent = (end - max(t0, came if came is not None else t0)) * ctx.part[1]
+        crosses = len({self._home[r] for r in ctx.group}) > 1
         (self._cross if crosses else self._local).append(spent)
 
-    def after(self, sync: Any) -> None:
-        """Called after each averaging: every ``period``-th one shares timings and re-plans."""
-        if sync.averagings % self.period == 0:
-            self.adjust(sync)
+    def after_average(self, ctx: Averaging) -> None:
+        """After each averaging: every ``period``-th one shares timings and re-plans."""
+        if ctx.host.averagings % self.period == 0:
+            self.adjust(ctx.host)
 
-    def adjust(self, sync: Any) -> None:
+    def adjust(self, sync: Host) -> None:
         """Share timings (one all_reduce on the side group), re-plan, switch plans if it changed."""
         stats = torch.zeros(sync.world_size, STAT_COLUMNS, dtype=torch.float64)
         stats[sync.rank] = torch.tensor(own_stats(self._local, self._cross), dtype=torch.float64)
@@ -121,12 +126,11 @@ class Replanner:
         if self._switch(sync):
             self.switches.append((sync.averagings, sync.schedule.describe()))
 
-    def _switch(self, sync: Any) -> bool:
+    def _switch(self, sync: Host) -> bool:
         plan = self.plan(self.topology)
         if plan.describe() == sync.schedule.describe():
             return False
-        sync.schedule = plan
-        sync._prepare_cycle()
+        sync.use_schedule(plan)
         return True
 
     def state_dict(self) -> dict[str, Any]:
@@ -141,7 +145,7 @@ class Replanner:
             "switches": [[s, d] for s, d in self.switches],
         }
 
-    def load_state_dict(self, state: dict[str, Any], sync: Any) -> None:
+    def load_state_dict(self, state: dict[str, Any], sync: Host) -> None:
         """Continue on the saved plan (every rank loads alike: collective when the plan changes)."""
         if state.get("setup") != self.setup():
             raise UsageError(

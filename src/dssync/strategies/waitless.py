@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -62,13 +63,13 @@ from torch import nn
 from dssync.comm.agreement import check_module, check_start
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
-from dssync.comm.side import wire_group
+from dssync.comm.side import serving_process_group
 from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError
 from dssync.hashing import fingerprint
 from dssync.schedules import Bipartite, group_of
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.strategies.base import Strategy
 from dssync.strategies.sharded import refuse_sharded
 
 ASK, DONE = 1, 2  # request kinds
@@ -144,8 +145,18 @@ class AsyncDSSync(Strategy):
         self.layout = fingerprint(f"async {seed} {shapes}")
         # made with timeout_s: a peer that never comes fails it within timeout_s; the serving
         # thread's wait for the next request is the one wait allowed IDLE_S (_Server._serve)
-        self.wire = wire_group(self.ranks, timeout_s)
+        self.serving_process_group = serving_process_group(self.ranks, timeout_s)
         self.server = None if self.active else _Server(self)
+
+    @property
+    def wire(self) -> dist.ProcessGroup:
+        """Deprecated: :attr:`serving_process_group` (``wire`` names a format elsewhere)."""
+        warnings.warn(
+            "AsyncDSSync.wire is now AsyncDSSync.serving_process_group (wire= is a format)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.serving_process_group
 
     def current_group(self) -> list[int]:
         """This rank and its partner of the current step (for error messages)."""
@@ -173,7 +184,7 @@ class AsyncDSSync(Strategy):
 
     @torch.no_grad()
     def step(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self.server.start()
                 self.server.merge()
@@ -192,10 +203,10 @@ class AsyncDSSync(Strategy):
         head = torch.tensor([ASK, self.steps, self.layout], dtype=torch.int64)
         answer = torch.empty(1, dtype=torch.int64)
         works = [
-            dist.isend(head, peer, group=self.wire, tag=HEAD),
-            dist.isend(self._mine, peer, group=self.wire, tag=DATA),
-            dist.irecv(answer, peer, group=self.wire, tag=ANSWER),
-            dist.irecv(self._theirs, peer, group=self.wire, tag=ANSWER + 1),
+            dist.isend(head, peer, group=self.serving_process_group, tag=HEAD),
+            dist.isend(self._mine, peer, group=self.serving_process_group, tag=DATA),
+            dist.irecv(answer, peer, group=self.serving_process_group, tag=ANSWER),
+            dist.irecv(self._theirs, peer, group=self.serving_process_group, tag=ANSWER + 1),
         ]
         for w in works:
             self._wait(w, group[1])
@@ -213,7 +224,7 @@ class AsyncDSSync(Strategy):
 
     def _wait(self, work, peer: int) -> None:
         try:
-            wait_for(work, time.monotonic() + self.timeout_s, self.wire)
+            wait_for(work, time.monotonic() + self.timeout_s, self.serving_process_group)
         except WaitFailed as e:
             raise PeerLost(
                 f"rank {self.rank} got no answer from passive rank {peer} at step {self.steps} "
@@ -230,7 +241,7 @@ class AsyncDSSync(Strategy):
 
         Every rank calls it (average_all does); a later step starts a new phase.
         """
-        with SyncTimer(self):
+        with self.syncing():
             if self.world_size == 1 or self._settled:
                 return
             self._settled = True
@@ -241,7 +252,8 @@ class AsyncDSSync(Strategy):
             head = torch.tensor([DONE, self.steps, self.layout], dtype=torch.int64)
             passives = range(1, self.world_size, 2)
             works = [
-                (p, dist.isend(head, self.ranks[p], group=self.wire, tag=HEAD)) for p in passives
+                (p, dist.isend(head, self.ranks[p], group=self.serving_process_group, tag=HEAD))
+                for p in passives
             ]
             for p, w in works:
                 self._wait(w, p)
@@ -250,7 +262,7 @@ class AsyncDSSync(Strategy):
     def average_all(self) -> None:
         """:meth:`settle`, then one global mean: every rank ends with the same model."""
         self.settle()
-        with SyncTimer(self):
+        with self.syncing():
             if self.world_size > 1:
                 average_tensors(
                     self.tensors, self.process_group, self.world_size, timeout_s=self.timeout_s
@@ -334,16 +346,20 @@ class _Server:
         answer = torch.empty_like(self.served)
         try:
             while len(self.done) < self.actives:
-                asked = dist.irecv(head, src=None, group=sync.wire, tag=HEAD)
-                wait_for(asked, time.monotonic() + max(sync.timeout_s, IDLE_S), sync.wire)
-                active = asked._source_rank()  # a rank of the wire group: the sync's rank
+                asked = dist.irecv(head, src=None, group=sync.serving_process_group, tag=HEAD)
+                wait_for(
+                    asked,
+                    time.monotonic() + max(sync.timeout_s, IDLE_S),
+                    sync.serving_process_group,
+                )
+                active = asked._source_rank()  # a rank of the serving group: the sync's rank
                 src = sync.ranks[active]
                 self.heard = time.monotonic()
                 if head[0].item() == DONE:
                     self.done.add(active)
                     continue
-                got = dist.irecv(incoming, src, group=sync.wire, tag=DATA)
-                wait_for(got, time.monotonic() + sync.timeout_s, sync.wire)
+                got = dist.irecv(incoming, src, group=sync.serving_process_group, tag=DATA)
+                wait_for(got, time.monotonic() + sync.timeout_s, sync.serving_process_group)
                 with self.lock:
                     answer.copy_(self.served)
                     if head[2].item() == sync.layout:  # else the active raises SyncError
@@ -351,12 +367,12 @@ class _Server:
                         self.taken += 1
                 layout = torch.tensor([sync.layout], dtype=torch.int64)
                 works = [
-                    dist.isend(layout, src, group=sync.wire, tag=ANSWER),
-                    dist.isend(answer, src, group=sync.wire, tag=ANSWER + 1),
+                    dist.isend(layout, src, group=sync.serving_process_group, tag=ANSWER),
+                    dist.isend(answer, src, group=sync.serving_process_group, tag=ANSWER + 1),
                 ]
                 deadline = time.monotonic() + sync.timeout_s
                 for w in works:
-                    wait_for(w, deadline, sync.wire)
+                    wait_for(w, deadline, sync.serving_process_group)
         except Exception as e:  # noqa: BLE001 - the training loop raises it at its next step
             self.error = PeerLost(
                 f"rank {sync.rank}'s serving thread lost an active rank ({type(e).__name__}: "

@@ -19,7 +19,16 @@ from dssync.testing.nccl_like import (
     peers,
     use_nccl_like_world,
 )
+from dssync.testing.ranks import one_rank
 
 nccl_like.register()
 
-__all__ = ["Aborted", "RuleBroken", "forget_peers", "nccl_like", "peers", "use_nccl_like_world"]
+__all__ = [
+    "Aborted",
+    "RuleBroken",
+    "forget_peers",
+    "nccl_like",
+    "one_rank",
+    "peers",
+    "use_nccl_like_world",
+]

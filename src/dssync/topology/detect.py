@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.comm.meta import bounded
-from dssync.comm.side import side_group
+from dssync.comm.side import renamed_group, side_group
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.topology.model import Topology
@@ -48,21 +48,24 @@ def from_env(world_size: int | None = None, environ: Mapping[str, str] | None = 
 
 
 def detect(
-    group: dist.ProcessGroup | None = None,
+    process_group: dist.ProcessGroup | None = None,
     probe: bool = False,
     probe_bytes: int = 2_000_000,
     probe_rounds: int = 7,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    group: dist.ProcessGroup | None = None,
 ) -> Topology:
     """Which ranks share a host and a rack (one all_gather), and optionally how fast links are.
 
-    All ranks of ``group`` call this. With ``probe=True`` a short, bounded bandwidth probe
-    (:func:`dssync.topology.probe_bandwidth`) fills in link rates and slow hosts; it sends
-    ``dtype`` tensors on ``device`` (give the parameters' device and dtype) through ``group``'s
-    backend, as training will.
+    All ranks of ``process_group`` call this. With ``probe=True`` a short, bounded bandwidth
+    probe (:func:`dssync.topology.probe_bandwidth`) fills in link rates and slow hosts; it sends
+    ``dtype`` tensors on ``device`` (give the parameters' device and dtype) through
+    ``process_group``'s backend, as training will. ``group=`` is the deprecated older name of
+    ``process_group=``.
     """
+    group = renamed_group(process_group, group, "detect")
     if not dist.is_initialized():
         return from_env()
     mine = torch.tensor([_host_key(), int(os.environ.get("DSSYNC_RACK", -1))], dtype=torch.int64)

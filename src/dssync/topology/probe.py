@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from dssync.comm.clock import clock
 from dssync.comm.exchange import swap_ops, wait
+from dssync.comm.side import renamed_group
 from dssync.comm.tags import PROBE, Tag
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.topology.model import Topology
@@ -57,16 +58,18 @@ def probe_bandwidth(
     nbytes: int = 2_000_000,
     rounds: int = 7,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    group: dist.ProcessGroup | None = None,
+    process_group: dist.ProcessGroup | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    group: dist.ProcessGroup | None = None,
 ) -> Topology:
     """Measure pairwise rates and return ``topo`` with host rates, uplink rate and slow hosts.
 
-    All ranks of ``group`` call this. Takes ``rounds`` exchanges of ``nbytes`` each way, of
+    All ranks of ``process_group`` call this (``group=``: its deprecated older name). Takes ``rounds`` exchanges of ``nbytes`` each way, of
     ``dtype`` tensors on ``device`` (default: the current CUDA device when ``group`` runs nccl,
     else the CPU); pass the parameters' device and dtype to measure what training will see.
     """
+    group = renamed_group(process_group, group, "probe_bandwidth")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
     backend = dist.get_backend(group)

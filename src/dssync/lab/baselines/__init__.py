@@ -1,5 +1,5 @@
 """The methods DS-Sync is measured against, each behind the lab's training-loop interface
-(:class:`~dssync.strategies.Strategy`): DDP (BSP) and its compression hooks, local SGD and the
+(:class:`~dssync.lab.baselines.protocol.LabStrategy`): DDP (BSP) and its compression hooks, local SGD and the
 solo floor, hierarchical all-reduce, D-PSGD and a parameter server."""
 
 from dssync.lab.baselines.bsp import BSP

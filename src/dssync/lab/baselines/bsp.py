@@ -22,10 +22,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dssync.comm.align import align_rest
-from dssync.strategies.base import Strategy
+from dssync.lab.baselines.protocol import LabStrategy
 
 
-class BSP(Strategy):
+class BSP(LabStrategy):
     """Bulk-synchronous data parallelism through ``torch.nn.parallel.DistributedDataParallel``.
 
     Sync time is the union of the spans during which DDP's bucket all-reduces were in flight

@@ -24,11 +24,11 @@ from dssync.comm.averager import Router
 from dssync.comm.exchange import broadcast_tensors, swap_ops, wait
 from dssync.comm.tags import ALL, STEP, Tag
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
+from dssync.lab.baselines.protocol import LabStrategy
 from dssync.schedules.gossip import ring_peers
-from dssync.strategies.base import Strategy, SyncTimer
 
 
-class DPSGD(Strategy):
+class DPSGD(LabStrategy):
     """Decentralized parallel SGD on a ring: x_i <- (x_{i-1} + x_i + x_{i+1}) / 3 after each step.
 
     Args:
@@ -85,7 +85,7 @@ class DPSGD(Strategy):
     @torch.no_grad()
     def step(self) -> None:
         """Send the buckets to both neighbours, receive theirs, keep the mean of the three."""
-        with SyncTimer(self):
+        with self.syncing():
             if self.peers:
                 self._exchange()
             self.steps += 1
@@ -128,7 +128,7 @@ class DPSGD(Strategy):
     @torch.no_grad()
     def average_all(self) -> None:
         """One global average over all ranks (the final model)."""
-        with SyncTimer(self):
+        with self.syncing():
             if self.world_size > 1:
                 everyone = list(range(self.world_size))
                 self.router.average(everyone, ALL, self.steps, buffers=self._buckets.buffers)

@@ -17,11 +17,11 @@ from dssync.comm.inflight import lend
 from dssync.comm.tags import ALL, Tag
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.lab.baselines.protocol import LabStrategy
 from dssync.topology import Topology
 
 
-class Hierarchical(Strategy):
+class Hierarchical(LabStrategy):
     """Gradients averaged in three stages over the topology's domains (racks, else hosts).
 
     1. reduce every bucket to the domain's leader (its lowest rank) inside the domain;
@@ -119,7 +119,7 @@ class Hierarchical(Strategy):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        with SyncTimer(self):
+        with self.syncing():
             flats = pack([p.grad for p in params], self.bucket_bytes)
             for flat, _ in flats:
                 self.reduce(flat)
@@ -130,7 +130,7 @@ class Hierarchical(Strategy):
     def step(self) -> None:
         self.steps += 1
         if self._buffers:
-            with SyncTimer(self):
+            with self.syncing():
                 self.router.average(range(self.world_size), ALL, self.steps, tensors=self._buffers)
 
     def reduce(self, flat: torch.Tensor) -> None:
@@ -159,7 +159,7 @@ class Hierarchical(Strategy):
         """Parameters are alike (every rank applies the same mean gradient): the floating
         buffers are averaged once more (a forward since the last step moved them), and the
         rest follows rank 0."""
-        with SyncTimer(self):
+        with self.syncing():
             if self._buffers:
                 self.router.average(range(self.world_size), ALL, self.steps, tensors=self._buffers)
             averaged = [*self.module.parameters(), *self._buffers]

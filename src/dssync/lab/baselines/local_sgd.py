@@ -13,10 +13,10 @@ from dssync.comm.exchange import broadcast_tensors
 from dssync.comm.tags import ALL
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.lab.baselines.protocol import LabStrategy
 
 
-class LocalSGD(Strategy):
+class LocalSGD(LabStrategy):
     """Global parameter averaging every ``every`` steps (every=1 is plain model averaging).
 
     The averaging goes through the same core as DS-Sync (:class:`dssync.comm.averager.Router`).
@@ -65,7 +65,7 @@ class LocalSGD(Strategy):
 
     @torch.no_grad()
     def average_all(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             self.router.average(
                 range(self.world_size), ALL, self.steps, buffers=self._buckets.buffers
             )

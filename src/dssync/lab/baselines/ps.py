@@ -69,11 +69,11 @@ from torch import nn
 
 from dssync.comm.align import align_rest
 from dssync.comm.exchange import broadcast_tensors
-from dssync.comm.side import wire_group
+from dssync.comm.side import serving_process_group
 from dssync.comm.transport import average_tensors
 from dssync.comm.wait import DEFAULT_TIMEOUT_S, WaitFailed, wait_for
 from dssync.errors import PeerLost, SyncError, UsageError
-from dssync.strategies.base import Strategy, SyncTimer
+from dssync.lab.baselines.protocol import LabStrategy
 
 PUSH, FINAL = 1.0, 2.0  # request kinds
 OK, WAIT, DONE, ERROR = 0.0, 1.0, 2.0, 3.0  # answer kinds
@@ -98,7 +98,7 @@ def holding_up(behind: Sequence[int], waiting: Sequence[int]) -> list[int]:
     return sorted(idle or behind)
 
 
-class ParameterServer(Strategy):
+class ParameterServer(LabStrategy):
     """ASP or SSP training through a parameter server in rank 0's process.
 
     Args:
@@ -137,8 +137,8 @@ class ParameterServer(Strategy):
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.kinds = _kinds(self.params)
         self.clock = 0
-        self.requests = wire_group(self.ranks, max(timeout_s, IDLE_S))
-        self.answers = wire_group(self.ranks, timeout_s)
+        self.requests = serving_process_group(self.ranks, max(timeout_s, IDLE_S))
+        self.answers = serving_process_group(self.ranks, timeout_s)
         with torch.no_grad():
             broadcast_tensors(
                 list(module.parameters()) + list(module.buffers()), 0, process_group, timeout_s
@@ -163,7 +163,7 @@ class ParameterServer(Strategy):
 
     @torch.no_grad()
     def after_backward(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             self.clock += 1
             header = self._header(PUSH)
             if self.server is not None:
@@ -183,7 +183,7 @@ class ParameterServer(Strategy):
 
     @torch.no_grad()
     def step(self) -> None:
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self._take(self.server.pulled(self.clock))
                 return
@@ -224,7 +224,7 @@ class ParameterServer(Strategy):
     @torch.no_grad()
     def average_all(self) -> None:
         """Every rank takes the master's final parameters; floating buffers are averaged."""
-        with SyncTimer(self):
+        with self.syncing():
             if self.server is not None:
                 self._take(self.server.finish(self.clock))
             else:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dssync.errors import UsageError
+from dssync.lab.baselines.protocol import after_backward, take_sync_time, time_sync
 from dssync.lab.bench.sync_cost import FlatModel
 from dssync.lab.config import TrainConfig
 from dssync.lab.launch import exit_quietly, init_from_env
@@ -146,7 +147,7 @@ def run(
     burn = Burn(compute_ms, kind=compute_kind)
     compute_s = compute_time(model, x, burn)  # before DDP's hooks are on the parameters
     strategy, info = build(cfg, model, optimizer, probe)
-    strategy.time_sync()  # each step's record holds take_sync_time()
+    time_sync(strategy)  # each step's record holds take_sync_time()
     info["compute_s"] = compute_s
     dist.barrier()
     records = []
@@ -154,14 +155,14 @@ def run(
         t0 = time.monotonic()
         burn()
         strategy.model(x).backward()
-        strategy.after_backward()
+        after_backward(strategy)
         optimizer.step()
         strategy.step()
         optimizer.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t1 = time.monotonic()
-        records.append([t0, t1, strategy.take_sync_time()])
+        records.append([t0, t1, take_sync_time(strategy)])
         if rank == 0 and step + 1 == warmup:
             pace = (t1 - records[min(1, step)][0]) / max(step, 1)
             (out / "progress.json").write_text(json.dumps({"pace_s": pace, "at": t1}))

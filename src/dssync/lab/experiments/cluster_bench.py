@@ -226,7 +226,7 @@ def wire_share(options: dict[str, Any]) -> float:
 
     Example::
 
-        >>> wire_share({"wire": "int8", "every": 4})  # (1024 + 4) / 4096 a chunk, then / 4
+        >>> wire_share({"wire": "int8", "every": 4})  # (1024 + 4) / 4096 a block, then / 4
         0.062744140625
     """
     numel = 1 << 20

@@ -39,7 +39,6 @@ from dssync.comm.wait import DEFAULT_TIMEOUT_S
 from dssync.errors import UsageError
 from dssync.lab.config import TrainConfig
 from dssync.lab.methods import (
-    DEFAULT_WINDOW,
     RATES,
     configure,
     get_method,
@@ -55,6 +54,7 @@ from dssync.lab.train.checkpoint import (
 )
 from dssync.lab.train.data import RankData
 from dssync.lab.train.device import to_device
+from dssync.schedules.topology import DEFAULT_MAX_EVERY
 from dssync.strategies import DSSync
 from dssync.topology import Topology, detect
 
@@ -236,7 +236,7 @@ def pick(
     floats = [b for b in module.buffers() if b.is_floating_point()]
     params = sum(p.numel() for p in module.parameters()) + sum(b.numel() for b in floats)
     local = cfg.every is None or cfg.every > 1  # --every 1: an average every step
-    repeat = cfg.replan or DEFAULT_WINDOW
+    repeat = cfg.replan or DEFAULT_MAX_EVERY
     choice = choose(
         topology,
         params,

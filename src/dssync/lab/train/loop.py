@@ -19,6 +19,7 @@ from torch import nn
 from dssync.comm.meta import bounded
 from dssync.comm.side import side_group
 from dssync.errors import PeerLost, SyncError
+from dssync.lab.baselines.protocol import after_backward, replicas_equal, take_sync_time, time_sync
 from dssync.lab.config import TrainConfig
 from dssync.lab.train.auto import AUTO, Decision, resolve
 from dssync.lab.train.data import RankData
@@ -83,7 +84,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
                     run.step,
                     epoch,
                     run.train_s,
-                    equal=strategy.replicas_equal,
+                    equal=replicas_equal(strategy),
                     timeout_s=cfg.timeout_s,
                 )
             )
@@ -113,7 +114,7 @@ def build(
         print(decision.line(), file=sys.stderr, flush=True)
     topology = decision.topology if decision is not None else None
     strategy = build_strategy(cfg, module, optimizer, topology)
-    strategy.time_sync()  # the lab reads take_sync_time() every step
+    time_sync(strategy)  # the lab reads take_sync_time() every step
     torch.manual_seed(cfg.seed * 1000 + rank)
     return strategy, optimizer, decision
 
@@ -234,7 +235,7 @@ def timed_step(
         loss = data.wl.loss(strategy.model, batch)
         loss.backward()
         hook.before_sync(rank, run.step + 1)
-        strategy.after_backward()
+        after_backward(strategy)
         optimizer.step()
         strategy.step()
         optimizer.zero_grad(set_to_none=True)
@@ -242,7 +243,7 @@ def timed_step(
         raise lost_peer(e, strategy, rank, run.step + 1) from e
     value = loss.item()
     dt = clock.now() - t0
-    sync = strategy.take_sync_time()
+    sync = take_sync_time(strategy)
     run.step += 1
     run.sync_s += sync
     run.compute_s += dt - sync

@@ -45,7 +45,7 @@ def averaged_copy(
 
     All ranks call this; their own modules are left untouched. ``parameters=False`` averages the
     floating buffers alone, for a strategy whose ranks hold equal parameters already
-    (:attr:`dssync.strategies.Strategy.replicas_equal`). A rank missing past ``timeout_s``
+    (:func:`dssync.lab.baselines.protocol.replicas_equal`). A rank missing past ``timeout_s``
     raises :class:`~dssync.errors.PeerLost`.
     """
     return timed_average(module, parameters, timeout_s)[0]
