@@ -197,6 +197,9 @@ def test_a_hosts_workers_killed_under_max_restarts_resume_and_end_equal(tmp_path
         killed_host_log = (tmp_path / "logs" / f"host{FAULTY_HOST}.log").read_text()
         summary = _survived(run, result, 120)
     print(f"rank {rank} killed at step {before}-{after}; resumed from {summary['resumed_from']}")
-    last_complete = {20 * (before // 20), 20 * (after // 20)}  # checkpoints every 20 steps
+    # checkpoints every 20 steps; the progress file is one rank's step, and the ranks of pairs
+    # may be a step or two apart: a checkpoint every rank finished just after it was read (one
+    # CI run: killed at 59, resumed from 60) is as complete as the one before
+    last_complete = {20 * (before // 20), 20 * (after // 20), 20 * ((after + 2) // 20)}
     assert summary["resumed_from"] in last_complete, (before, after, summary["resumed_from"])
     assert "failed (exitcode: -9)" in killed_host_log  # torchrun saw the kill, and restarted

@@ -76,7 +76,8 @@ def _peer_never_comes():
     pending = lane.start([0, 1], OVERLAP, 0, [torch.ones(100)])
     # named as what it is: kind 5 was both the bandwidth probe and this (issue 41)
     with pytest.raises(
-        PeerLost, match=r"^an overlapped average at step 0 in group \[0, 1\]: rank 1 never came"
+        PeerLost,
+        match=r"^an overlapped average at averaging 0 in group \[0, 1\]: rank 1 never came",
     ):
         pending.wait()
     return time.monotonic() - began

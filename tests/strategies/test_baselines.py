@@ -228,7 +228,7 @@ def test_train_runs_a_baseline_through_the_registry(tmp_path, method):
 @pytest.mark.parametrize(
     ("args", "options"),
     [
-        (["--sync", "diloco"], {"every": 4, "outer": "nesterov", "overlap": False, "replan": 0}),
+        (["--sync", "diloco"], {"every": 4, "outer": "auto", "overlap": False, "replan": 0}),
         (["--sync", "dssync", "--every", "2", "--overlap"], {"every": 2, "overlap": True}),
     ],
 )

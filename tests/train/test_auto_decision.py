@@ -20,7 +20,7 @@ def test_auto_runs_the_method_it_chose_and_says_why():
     every = s["auto"]["every"]  # a local-step pick says how often it averaged
     assert every is None or (every in (4, 8, 16) and f"every {every} steps" in s["auto"]["reason"])
     if every is not None:  # and applies DiLoCo's outer step at each average
-        assert s["auto"]["outer"] == "nesterov" and "outer Nesterov" in s["auto"]["reason"]
+        assert s["auto"]["outer"] == "auto" and "outer Nesterov" in s["auto"]["reason"]
     else:
         assert s["auto"]["outer"] is None
 
