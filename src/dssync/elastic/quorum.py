@@ -23,6 +23,7 @@ from torchft.manager import Manager
 from torchft.process_group import ProcessGroupGloo
 
 from dssync.comm.wait import DEFAULT_TIMEOUT_S
+from dssync.elastic.heal import HealTransport
 from dssync.errors import UsageError
 
 
@@ -104,7 +105,8 @@ class ReplicaManager(Manager):
     It starts this replica's TCPStore (torchft's process groups meet there), uses
     :class:`QuorumGloo` (:attr:`pg`, whose :attr:`QuorumGloo.members` is the current quorum),
     and asks for the quorum synchronously, so a joining replica is healed before its first
-    averaging. ``lighthouse`` is the Lighthouse's address (``http://host:port``);
+    averaging; a replica it heals from keeps serving until the fetch started
+    (:class:`~dssync.elastic.heal.HealTransport`). ``lighthouse`` is the Lighthouse's address (``http://host:port``);
     ``min_replicas`` is torchft's ``min_replica_size``: no averaging counts with fewer live
     replicas. ``timeout_s`` bounds every transfer (averaging, healing); ``quorum_timeout_s``
     how long a quorum may take to form.
@@ -151,5 +153,6 @@ class ReplicaManager(Manager):
             lighthouse_addr=lighthouse,
             replica_id=replica_id,
             hostname=host,
+            checkpoint_transport=HealTransport(timeout),
         )
         self.min_replicas = min_replicas
