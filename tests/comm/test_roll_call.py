@@ -77,3 +77,36 @@ def test_a_member_failing_at_its_deadline_is_not_named_with_the_lost_one(tmp_pat
     found, took = json.loads(Path(tmp_path, "found").read_text())
     assert found == [2], found  # a 1 s window alone named [0, 2]
     assert 1.5 < took < 4.5, took
+
+
+def _told(out_dir: str) -> None:
+    """Rank 1 fails an averaging (its roll call writes its key); rank 0, still blocked in it,
+    asks whether another member failed: no before, yes after."""
+    from dssync.comm.exchange import RollCall
+    from dssync.comm.tags import STEP, Tag
+
+    rank = dist.get_rank()
+    roll, tag, group = RollCall(), Tag(STEP, 7, 1), [0, 1, 2]
+    if rank == 0:
+        before = roll.failed(group, tag)
+        Path(out_dir, "asked").touch()
+        t0 = time.monotonic()
+        while not roll.failed(group, tag) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        after = roll.failed(group, tag)
+        other = roll.failed(group, Tag(STEP, 8, 1))  # another averaging: nobody failed it
+        Path(out_dir, "said").write_text(json.dumps([before, after, other]))
+    if rank == 1:
+        end = time.monotonic() + 30
+        while not Path(out_dir, "asked").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        roll.missing(group, 3.0, tag, 0.5)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not Path(out_dir, "said").exists():
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # 3 ranks
+def test_a_blocked_member_learns_that_another_failed_the_same_averaging(tmp_path):
+    spawn(_told, 3, args=(str(tmp_path),), timeout_s=60)
+    assert json.loads(Path(tmp_path, "said").read_text()) == [False, True, False]

@@ -87,3 +87,30 @@ def test_a_bounded_backend_keeps_its_own_wait_with_the_time_left(monkeypatch):
     with pytest.raises(WaitFailed) as e:
         wait_for(GlooWork(), time.monotonic() + 2, None)
     assert e.value.expired and 1.5 < asked[0] <= 2
+
+
+def test_a_stuck_work_ends_when_another_member_says_it_failed():
+    """A member waiting on a live one (a ring's neighbour) that failed on a third: told by the
+    check, not at its deadline (10 s here)."""
+    group, work = _Group(), _NcclLikeWork(after_s=3600)  # never done
+    t0 = time.monotonic()
+    with pytest.raises(WaitFailed) as e:
+        wait_for(work, t0 + 10, group, others_failed=lambda: time.monotonic() - t0 > 1.0)
+    took = time.monotonic() - t0
+    assert 1.0 <= took < 1.0 + 3 * waits.ASK_EVERY_S + 0.3, took
+    assert not e.value.expired and group.aborted
+    assert "another member" in str(e.value)
+
+
+def test_the_check_is_not_asked_in_a_short_wait_and_a_blocked_check_holds_nothing():
+    asked = []
+    group, work = _Group(), _NcclLikeWork(after_s=0.1)
+    wait_for(work, time.monotonic() + 5, group, others_failed=lambda: asked.append(1) or True)
+    assert asked == [] and not group.aborted  # done before ASK_AFTER_S: never asked
+    stuck = threading.Event()
+    group, work = _Group(), _NcclLikeWork(after_s=3600)
+    t0 = time.monotonic()
+    with pytest.raises(WaitFailed) as e:  # a store that never answers: the deadline holds
+        wait_for(work, t0 + 1.5, group, others_failed=lambda: stuck.wait(60))
+    assert e.value.expired and time.monotonic() - t0 < 1.5 + 0.3
+    stuck.set()

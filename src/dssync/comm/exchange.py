@@ -93,8 +93,11 @@ def wait(
     """
     if work is None:
         return
+    # on a polled backend (nccl), a member stuck on a live one learns that another member failed
+    # (its roll call key is in the store) instead of waiting to its deadline
+    ask = (lambda: roll.failed(group, tag)) if peers is None and roll is not None else None
     try:
-        wait_for(work, deadline, process_group)
+        wait_for(work, deadline, process_group, ask)
     except WaitFailed as e:
         silent = e.expired
         failed_at = time.monotonic()
@@ -234,6 +237,17 @@ class RollCall:
         asking.start()
         asking.join(longest + STORE_GRACE_S)
         return found[0] if found else None
+
+    def failed(self, group: list[int], tag: Tag) -> bool:
+        """Whether another member of ``group`` already met a failure of this averaging (it
+        wrote its key after the failure): asked by a wait that is still blocked."""
+        base = self._key(group, tag)
+        if self._round is not None:
+            base = f"{base}/after"
+        me = self._global(self.rank)
+        return any(
+            self.store.check([f"{base}/{g}"]) for g in (self._global(r) for r in group) if g != me
+        )
 
     def _absent(
         self, group: list[int], tag: Tag, span: float, longest: float | None = None

@@ -14,6 +14,11 @@ timeout (10 minutes by default), naming no one. :func:`wait_for` bounds both:
   after the work, and raises the work's error). When the deadline passes first it aborts the
   process group (``ProcessGroup.abort()``: an NCCL communicator with a stuck operation cannot be
   used again, and aborting frees it and stops the watchdog from ending the process) and raises.
+  Given ``others_failed`` (a check a caller supplies, e.g. "did a member of this group already
+  fail it?"), a polled wait that lasted :data:`ASK_AFTER_S` asks it every :data:`ASK_EVERY_S`
+  from a thread of its own (a store that does not answer cannot hold the wait), and on a yes
+  aborts and raises as for a failed operation: a member waiting on a live member in a ring
+  learns that another one failed, instead of waiting to its deadline.
 
 It raises :class:`WaitFailed` saying whether the deadline passed (``expired``) or the operation
 failed, and when the wait began; callers turn it into :class:`~dssync.errors.PeerLost` naming the
@@ -29,8 +34,10 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -45,6 +52,8 @@ POLLED: set[str] = {"nccl"}
 DEFAULT_TIMEOUT_S = 120.0
 FIRST_NAP_S = 50e-6  # the first sleep between two polls of is_completed()
 LONGEST_NAP_S = 1e-3  # sleeps double up to this: a finished transfer is seen within 1 ms
+ASK_AFTER_S = 0.5  # a polled wait this long starts asking whether another member failed
+ASK_EVERY_S = 0.1  # and asks again this often
 
 
 class WaitFailed(RuntimeError):
@@ -85,10 +94,17 @@ def abort(process_group: dist.ProcessGroup | None) -> None:
         pass
 
 
-def wait_for(work, deadline: float, process_group: dist.ProcessGroup | None = None) -> None:
+def wait_for(
+    work,
+    deadline: float,
+    process_group: dist.ProcessGroup | None = None,
+    others_failed: Callable[[], bool] | None = None,
+) -> None:
     """Return when ``work`` succeeded; raise :class:`WaitFailed` when it failed or ``deadline``
     (``time.monotonic()`` seconds) passed first. ``process_group`` is the group ``work`` runs on
-    (None: the default group): it says how to wait, and it is what an expiry aborts."""
+    (None: the default group): it says how to wait, and it is what an expiry aborts.
+    ``others_failed``: asked during a long polled wait (see the module's text); gloo's waits
+    block and do not ask it."""
     started = time.monotonic()
     if bounded(process_group):
         try:
@@ -99,16 +115,52 @@ def wait_for(work, deadline: float, process_group: dist.ProcessGroup | None = No
             raise WaitFailed("the wait returned False (timed out)", True, started)
         return
     nap = FIRST_NAP_S
-    while not work.is_completed():
-        if time.monotonic() >= deadline:
-            abort(process_group)
-            raise WaitFailed(
-                "not completed by the deadline; the process group was aborted", True, started
-            )
-        time.sleep(nap)
-        nap = min(nap * 2, LONGEST_NAP_S)
+    asker: _Asker | None = None
+    try:
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= deadline:
+                abort(process_group)
+                raise WaitFailed(
+                    "not completed by the deadline; the process group was aborted", True, started
+                )
+            if others_failed is not None and asker is None and now - started >= ASK_AFTER_S:
+                asker = _Asker(others_failed)
+            if asker is not None and asker.said.is_set():
+                abort(process_group)
+                raise WaitFailed(
+                    "another member of the group failed this operation; the process group was "
+                    "aborted",
+                    False,
+                    started,
+                )
+            time.sleep(nap)
+            nap = min(nap * 2, LONGEST_NAP_S)
+    finally:
+        if asker is not None:
+            asker.done.set()
     try:
         work.wait()
     except (dist.DistError, RuntimeError) as e:
         abort(process_group)
         raise WaitFailed(str(e), False, started) from e
+
+
+class _Asker:
+    """Asks ``others_failed`` every :data:`ASK_EVERY_S` in a daemon thread until :attr:`done`;
+    :attr:`said` is set on the first yes. A check that blocks (a stopped store) blocks only it."""
+
+    def __init__(self, others_failed: Callable[[], bool]) -> None:
+        self.said, self.done = threading.Event(), threading.Event()
+
+        def ask() -> None:
+            while not self.done.is_set():
+                try:
+                    if others_failed():
+                        self.said.set()
+                        return
+                except Exception:  # noqa: BLE001 - a check that cannot answer says nothing
+                    return
+                self.done.wait(ASK_EVERY_S)
+
+        threading.Thread(target=ask, name="dssync-wait-asker", daemon=True).start()
