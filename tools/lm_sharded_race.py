@@ -79,7 +79,14 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="validation loss to reach")
     ap.add_argument("--target-at", type=float, default=0.75, help="see the module docstring")
     ap.add_argument("--out", default=None, help="result file (JSON) to write")
+    ap.add_argument("--show", default=None, help="print a result file's table and exit")
     a = ap.parse_args()
+    if a.show:
+        with open(a.show) as f:
+            run = json.load(f)["runs"][-1]
+        target = a.target if a.target is not None else run["target"]
+        print(f"target: validation loss {target}\n{markdown(run['rows'], target)}")
+        return
     spec = load_cluster(a.spec)
     rows = race(spec, a.settings, a.seeds, a.steps, a.eval_every, a.eval_windows)
     target = a.target if a.target is not None else pick_target(rows, a.target_at)
