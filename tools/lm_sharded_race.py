@@ -58,7 +58,7 @@ def markdown(rows: list[dict], target: float) -> str:
             if len(times) == len(mine)
             else f"{len(times)}/{len(mine)} reached"
         )
-        steps = "/".join(str(h["step"]) if h else "n/a" for h in hits.values())
+        steps = ", ".join(str(h["step"]) if h else "n/a" for h in hits.values())
         rate = statistics.median(r["steps"] / r["curve"][-1]["train_s"] for r in mine.values())
         final = statistics.median(r["curve"][-1]["loss"] for r in mine.values())
         lines.append(
