@@ -29,6 +29,7 @@ KEEP_QUICK = (
 SLOW = (
     # measured (seconds, one run)
     "tests/bench/test_cluster_bench.py::test_tiny_bench_run",  # 31
+    "tests/bench/test_sharded_race.py",  # one torchrun run of 4 ranks in namespaces
     "tests/cli/test_piped_runs.py",  # 15-26 each
     "tests/cli/test_errors.py::test_every_kind_is_classified_the_same_locally_and_in_a_worker",  # 19
     "tests/cli/test_hostile_input.py::test_bad_input_in_a_real_process[corrupted checkpoint]",  # 11

@@ -58,9 +58,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dssync import Butterfly, DSSync, Global, Shuffle, consensus_distance, nesterov
 from dssync.lab.cli.output import provenance
 from dssync.lab.launch import spawn
-from dssync.lab.train.lr import LRSchedule
 from dssync.lab.workloads import shard
-from dssync.lab.workloads.lm import CLIP, LM
+from dssync.lab.workloads.lm import CLIP, LM, train_steps
 
 SETTINGS = (
     "ddp",
@@ -124,29 +123,17 @@ def train(setting: str, seed: int, steps: int) -> dict:
     fwd, sync = strategy(setting, model, opt, seed)
     half = wl.batch_size // 2 if setting == "ddp-half" else wl.batch_size
     distances = []
-    rates = LRSchedule(opt, wl.lr_schedule, steps)
-    gen = torch.Generator().manual_seed(seed * 1000 + rank)
-    order = torch.cat(
-        [
-            torch.randperm(len(local), generator=gen)
-            for _ in range(steps * wl.batch_size // len(local) + 1)
-        ]
-    )
-    t0 = time.perf_counter()
     probe, at_70 = int(0.7 * steps), None
-    for step in range(steps):
-        if step == probe and setting == "ddp" and rank == 0:  # DDP: replicas equal, no average
+
+    def after(step: int) -> None:
+        nonlocal at_70
+        if step + 1 == probe and setting == "ddp" and rank == 0:  # DDP: replicas equal
             at_70 = wl.evaluate(model, val)["loss"]
-        idx = order[step * wl.batch_size : (step + 1) * wl.batch_size].tolist()
-        x, y = (torch.stack(t)[:half] for t in zip(*(local[i] for i in idx), strict=True))
-        rates.apply(step)
-        wl.loss(fwd, (x, y)).backward()
-        opt.step()
-        if sync is not None:
-            sync.step()
-        opt.zero_grad(set_to_none=True)
         if sync is not None and step % 16 == 15:
             distances.append(consensus_distance(model))
+
+    t0 = time.perf_counter()
+    train_steps(wl, model, opt, sync, local, steps, seed, rank, forward=fwd, take=half, after=after)
     if sync is not None:
         sync.average_all()
         sync.close()

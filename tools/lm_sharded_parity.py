@@ -11,18 +11,24 @@ Settings:
     dssync   fully_shard(model, mesh=mesh["shard"]) and DSSync(Shuffle(2), optimizer=opt,
              process_group=mesh.get_group("replicate")): pairs of replicas, every step, the
              default for Adam (gradients averaged before the step); average_all() at the end
+    dssync-every4  the same with every=4: local steps, the gradients averaged before every 4th
+             step (average_grads, Adam's default) and no outer step (``--outer auto`` is none
+             after Adam)
 
 Clipping: each rank clips the gradient it holds before the step (FSDP2's DTensor norm, over its
 replica's shards), then DS-Sync averages: as tools/lm_parity.py does for plain DS-Sync.
 
     PYTHONPATH=src python tools/lm_sharded_parity.py --mesh 2x2 --steps 320 --seeds 0 1 2 \\
         --out docs/results/lm/sharded-parity.json
+    PYTHONPATH=src python tools/lm_sharded_parity.py --mesh 2x2 --steps 320 --seeds 0 1 2 \\
+        --settings dssync-every4 --out docs/results/lm/sharded-parity.json --append
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -35,11 +41,10 @@ from torch.distributed.fsdp import fully_shard
 from dssync import DSSync, Shuffle
 from dssync.lab.cli.output import provenance
 from dssync.lab.launch import spawn
-from dssync.lab.train.lr import LRSchedule
 from dssync.lab.workloads import shard
-from dssync.lab.workloads.lm import CLIP, LM
+from dssync.lab.workloads.lm import CLIP, LM, train_steps
 
-SETTINGS = ("hsdp", "dssync")
+SETTINGS = ("hsdp", "dssync", "dssync-every4")
 
 
 def train(setting: str, seed: int, steps: int, replicas: int, shards: int) -> dict:
@@ -63,27 +68,12 @@ def train(setting: str, seed: int, steps: int, replicas: int, shards: int) -> di
 
     opt.register_step_pre_hook(clip)
     sync = None
-    if setting == "dssync":
+    if setting != "hsdp":
         group = mesh.get_group("replicate")
-        sync = DSSync(model, Shuffle(2, seed=seed), optimizer=opt, process_group=group)
-    rates = LRSchedule(opt, wl.lr_schedule, steps)
-    gen = torch.Generator().manual_seed(seed * 1000 + rank)
-    order = torch.cat(
-        [
-            torch.randperm(len(local), generator=gen)
-            for _ in range(steps * wl.batch_size // len(local) + 1)
-        ]
-    )
+        every = 4 if setting == "dssync-every4" else 1
+        sync = DSSync(model, Shuffle(2, seed=seed), every=every, optimizer=opt, process_group=group)
     t0 = time.perf_counter()
-    for step in range(steps):
-        idx = order[step * wl.batch_size : (step + 1) * wl.batch_size].tolist()
-        x, y = (torch.stack(t) for t in zip(*(local[i] for i in idx), strict=True))
-        rates.apply(step)
-        wl.loss(model, (x, y)).backward()
-        opt.step()
-        if sync is not None:
-            sync.step()
-        opt.zero_grad(set_to_none=True)
+    train_steps(wl, model, opt, sync, local, steps, seed, rank)
     if sync is not None:
         sync.average_all()
         sync.close()
@@ -99,7 +89,15 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     ap.add_argument("--steps", type=int, nargs="+", default=None, help="per mesh (1,280 / ranks)")
     ap.add_argument("--out", default=None, help="result file (JSON) to write")
+    ap.add_argument(
+        "--append", action="store_true", help="add to --out's rows (its runs list each command)"
+    )
+    ap.add_argument("--show", default=None, help="print a result file's table (markdown) and exit")
     args = ap.parse_args()
+    if args.show:
+        with open(args.show) as f:
+            print(markdown([r for run in json.load(f)["runs"] for r in run["rows"]]))
+        return
     meshes = [tuple(int(n) for n in m.split("x")) for m in args.mesh]
     steps = args.steps or [1280 // (r * s) for r, s in meshes]
     rows = []
@@ -112,12 +110,16 @@ def main() -> None:
                 row = {**row, "setting": setting, **res[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(markdown(rows))
+    meta = provenance()
+    meta["command"] = shlex.join(["python", "tools/lm_sharded_parity.py", *sys.argv[1:]])
+    runs = [{**meta, "rows": rows}]
+    if args.out and args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            runs = json.load(f)["runs"] + runs
+    print(markdown([r for run in runs for r in run["rows"]]))
     if args.out:
-        meta = provenance()
-        meta["command"] = shlex.join(["python", "tools/lm_sharded_parity.py", *sys.argv[1:]])
         with open(args.out, "w") as f:
-            json.dump({"runs": [{**meta, "rows": rows}]}, f, indent=1)
+            json.dump({"runs": runs}, f, indent=1)
             f.write("\n")
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from dssync import DSSync, Schedule
 from dssync.errors import UsageError
 from dssync.strategies.options import Options, options_of
+from dssync.strategies.sharded import refuse_in_door
 
 _SHARDED = {
     DistributedType.DEEPSPEED,
@@ -69,6 +70,7 @@ class DSSyncLocal:
                 f"{accelerator.distributed_type.value} shards it; use plain data "
                 "parallelism (accelerate launch without DeepSpeed, FSDP or Megatron)"
             )
+        refuse_in_door(model, "DSSyncLocal")
         if schedule is not None and not isinstance(schedule, Schedule):
             raise UsageError(
                 f"schedule={schedule!r} is not a dssync schedule; "

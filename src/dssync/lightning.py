@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from dssync import DSSync, Schedule
 from dssync.errors import UsageError
 from dssync.strategies.options import Options, options_of
+from dssync.strategies.sharded import refuse_in_door
 
 
 class DSSyncStrategy(DDPStrategy):
@@ -91,6 +92,7 @@ class DSSyncStrategy(DDPStrategy):
         """Leave the module unwrapped: no gradient all-reduce."""
 
     def setup(self, trainer: pl.Trainer) -> None:
+        refuse_in_door(self.lightning_module, "DSSyncStrategy")
         super().setup(trainer)
         if trainer.state.fn != TrainerFn.FITTING:
             return

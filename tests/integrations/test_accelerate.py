@@ -84,3 +84,25 @@ def test_every_reaches_dssync():
     (_, w0, *_), (_, w1, *_) = spawn(_train, 2, args=(2,), timeout_s=200)
     together = [torch.equal(a, b) for a, b in zip(w0, w1, strict=True)]
     assert together == [False, False, False, True, False]
+
+
+def _refuse_sharded() -> str | None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = nn.Linear(4, 2)
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))  # FSDP2 by hand, Accelerate unaware
+    multi = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=2)
+    try:
+        DSSyncLocal(multi, model)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_a_model_sharded_with_fully_shard_is_refused_naming_dssync_across_replicas():
+    for message in spawn(_refuse_sharded, 2, timeout_s=100):
+        assert message is not None, "DSSyncLocal took a sharded model"
+        assert "DSSyncLocal does not support a sharded (DTensor, FSDP2) model" in message
+        assert "process_group=mesh.get_group('replicate')" in message

@@ -178,3 +178,26 @@ def test_the_options_reach_dssync_every_and_outer(tmp_path):
     # Step 4 is averaging 1 (all ranks); the outer step at rate 1 leaves the mean up to rounding.
     together = [torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(w0, w1, strict=True)]
     assert together == [False, False, False, True, False]
+
+
+def _refuse_sharded() -> str | None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    module = Tiny()
+    fully_shard(module, mesh=init_device_mesh("cpu", (2,)))  # as a configure_model could
+    strategy = DSSyncStrategy()
+    strategy.connect(module)
+    try:
+        strategy.setup(None)  # refused before it looks at the trainer
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_module_is_refused_naming_dssync_across_replicas():
+    for message in spawn(_refuse_sharded, 2, timeout_s=100):
+        assert message is not None, "DSSyncStrategy took a sharded module"
+        assert "DSSyncStrategy does not support a sharded (DTensor, FSDP2) model" in message
+        assert "process_group=mesh.get_group('replicate')" in message

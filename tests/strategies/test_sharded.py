@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from dssync import AsyncDSSync, DSSync, Global, Shuffle, nesterov
+from dssync import AsyncDSSync, DSSync, Global, Shuffle, consensus_distance, nesterov
 from dssync.errors import UsageError
 from dssync.lab.launch import spawn
 
@@ -92,6 +92,40 @@ REFUSALS = {
 }
 
 
+def _consensus(mesh):
+    """consensus_distance of a sharded model over its replicas, and the full models' own."""
+    group = mesh.get_group("replicate")
+    m = _model(mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    sync = DSSync(m, Global(), every=4, process_group=group, timeout_s=60)
+    _train(m, opt, sync, 2)  # two local steps on each rank's own batches: the replicas apart
+    apart = consensus_distance(m, process_group=group)
+    full = torch.cat([p.full_tensor().detach().reshape(-1).double() for p in m.parameters()])
+    mean = full.clone()
+    dist.all_reduce(mean, group=group)
+    mean /= 2
+    d = torch.tensor([float(((full - mean) ** 2).sum())], dtype=torch.float64)
+    dist.all_reduce(d, group=group)
+    expected = float(d) / 2 / float((mean**2).sum())
+    sync.average_all()
+    return apart, expected, consensus_distance(m, process_group=group)
+
+
+def _join(mesh):
+    """Replica 1 runs out of data after 3 steps, replica 0 trains 5; under torch's Join the
+    ranks of replica 1 keep taking their part in each averaging."""
+    from torch.distributed.algorithms.join import Join
+
+    group = mesh.get_group("replicate")
+    m = _model(mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    sync = DSSync(m, Global(), process_group=group, timeout_s=60)
+    steps = 5 if mesh["replicate"].get_local_rank() == 0 else 3
+    with Join([sync]):
+        _train(m, opt, sync, steps)
+    return sync.steps, _full(m)
+
+
 def _quick_2x2():
     """Every quick case in one world of 4 ranks (starting processes is the slow part)."""
     mesh = _mesh(2, 2)
@@ -99,6 +133,8 @@ def _quick_2x2():
         "parity": _parity(mesh),
         **{name: _pairs_then_all(mesh, *case) for name, case in OPTIONS.items()},
         "outer": _outer(mesh),
+        "consensus": _consensus(mesh),
+        "join": _join(mesh),
         **{f"refused-{case}": _refused(mesh, case) for case in REFUSALS},
     }
 
@@ -110,6 +146,23 @@ def quick() -> list[dict]:
 
 def test_global_every_step_matches_hsdp_on_2x2(quick):
     _check_parity([r["parity"] for r in quick])
+
+
+def test_consensus_distance_measures_the_replicas_full_models_on_2x2(quick):
+    for apart, expected, after in (r["consensus"] for r in quick):
+        assert apart > 0  # two local steps on different batches
+        assert apart == pytest.approx(expected, rel=1e-9)  # the full models', not one shard's
+        assert after == 0.0  # average_all(): one model on every replica
+
+
+def test_a_replica_out_of_data_serves_the_averagings_under_join_on_2x2(quick):
+    # replica 1 trained 3 steps, replica 0 five: without Join replica 0's 4th averaging would
+    # wait for a partner that never comes
+    steps = [r["join"][0] for r in quick]
+    assert steps == [5, 5, 5, 5]
+    models = [r["join"][1] for r in quick]
+    for m in models[1:]:
+        assert all(torch.equal(m[k], models[0][k]) for k in m)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dssync.comm.meta import bounded, gather_objects
 from dssync.comm.side import renamed_group, side_group
@@ -23,14 +24,33 @@ from dssync.hashing import fingerprint
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
-    """All floating parameters of ``module`` as one float64 vector (a copy)."""
+    """All floating parameters of ``module`` as one float64 vector (a copy); of a sharded
+    (DTensor) parameter, this rank's local shard."""
     return torch.cat(
         [
-            p.detach().reshape(-1).double().cpu()
+            (p.to_local() if isinstance(p, DTensor) else p).detach().reshape(-1).double().cpu()
             for p in module.parameters()
             if p.is_floating_point()
         ]
     )
+
+
+def shard_group(module: nn.Module) -> dist.ProcessGroup | None:
+    """The group over which ``module``'s parameters are sharded (FSDP2 on one mesh dimension),
+    None for a plain model."""
+    meshes = {
+        id(p.device_mesh): p.device_mesh for p in module.parameters() if isinstance(p, DTensor)
+    }
+    if not meshes:
+        return None
+    if len(meshes) > 1 or next(iter(meshes.values())).ndim != 1:
+        raise UsageError(
+            "consensus_distance measures a model sharded over one mesh dimension (fully_shard("
+            "model, mesh=mesh['shard']) with DSSync across replicas); this one's parameters "
+            "live on another mesh (FSDP2's HSDP on the 2-D mesh keeps its replicas equal: "
+            "their distance is 0)"
+        )
+    return next(iter(meshes.values())).get_group()
 
 
 def consensus_distance(
@@ -42,7 +62,9 @@ def consensus_distance(
     """Mean over ranks of ||x_i - mean||^2 / ||mean||^2, where x_i is rank i's parameter vector.
 
     0 when every rank holds the same model. All ranks of ``process_group`` (``group=``: its
-    deprecated older name) call this. Computed in float64 on the host and exchanged on its side
+    deprecated older name) call this. For a model sharded with FSDP2 (DS-Sync across replicas,
+    ``process_group`` the replicas' group), x_i is replica i's full model: each rank measures its
+    local shards and the shards' sums are added up, so every rank of every replica calls this. Computed in float64 on the host and exchanged on its side
     group (two all_reduces: the sum of the vectors,
     then the sum of squared distances), so nothing but the parameters' bytes moves to the host.
     Each waits at most ``timeout_s``.
@@ -55,9 +77,19 @@ def consensus_distance(
     mean = x.clone()
     bounded(dist.all_reduce, mean, group=side, timeout_s=timeout_s, what=what)
     mean /= n
-    d = torch.tensor([float(torch.sum((x - mean) ** 2))], dtype=torch.float64)
-    bounded(dist.all_reduce, d, group=side, timeout_s=timeout_s, what=what)
-    return float(d) / n / max(float(torch.sum(mean**2)), 1e-30)
+    sums = torch.tensor([float(torch.sum((x - mean) ** 2)), 0.0], dtype=torch.float64)
+    bounded(dist.all_reduce, sums, group=side, timeout_s=timeout_s, what=what)
+    sums[1] = float(torch.sum(mean**2))
+    shards = shard_group(module)
+    if shards is not None:  # the shards' pieces of both sums, over this replica's ranks
+        bounded(
+            dist.all_reduce,
+            sums,
+            group=side_group(shards, timeout_s),
+            timeout_s=timeout_s,
+            what=what,
+        )
+    return float(sums[0]) / n / max(float(sums[1]), 1e-30)
 
 
 def agree(

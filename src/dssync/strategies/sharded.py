@@ -77,6 +77,18 @@ def refuse_sharded(module: nn.Module, what: str) -> None:
         )
 
 
+def refuse_in_door(module: nn.Module, door: str) -> None:
+    """``door`` (the Lightning strategy, Accelerate's DSSyncLocal) averages over the whole world
+    and takes no ``process_group=``: a sharded model is refused, naming the way that works."""
+    refuse_fsdp1(module)
+    if is_sharded(module):
+        raise UsageError(
+            f"{door} does not support a sharded (DTensor, FSDP2) model: it averages over every "
+            "rank and has no process_group= for the replicas' group; call DSSync yourself in "
+            f"the training loop instead ({HOW})"
+        )
+
+
 def check_sharded(module: nn.Module, options: Any, process_group: dist.ProcessGroup | None) -> None:
     """Refuse, naming the reason and the fix, what averaging local shards cannot do (the
     parameters DSSync averages: trainable ones, frozen ones too with ``average_frozen``)."""
