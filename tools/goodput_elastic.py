@@ -1,0 +1,176 @@
+"""Goodput of the elastic methods: the same job with and without a replica killed every ~30 s.
+
+Each run is ``run_elastic`` (what ``dssync train --elastic`` runs) on this machine: a Lighthouse
+and ``--replicas`` replica processes of a tiny workload, a fixed number of steps; with failures,
+the launcher's punisher (``Chaos``, ``--chaos-every``) SIGKILLs a random replica about every
+``--chaos-every`` seconds (20% either way) and it is restarted after ``--restart-delay``. Runs are
+interleaved (seed by seed, method by method, with and without failures alternating which goes
+first) so a shared machine's load falls on both sides alike.
+
+Per run, from the replicas' step records (``steps.jsonl``):
+- job time: from the start signal to the first replica's last step;
+- samples/s of the whole job: every step any replica process took (lost work included) times
+  the batch size, over the job time;
+- time to target: from the start to the first evaluation where a replica's own model reached
+  ``--target``.
+goodput = samples/s under failures / samples/s without, paired by method and seed.
+
+    PYTHONPATH=src .venv/bin/python tools/goodput_elastic.py --replicas 4 --seeds 0,1 \\
+        --steps 6000 --out docs/results/elastic/goodput-digits-4.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("elastic-dssync", "torchft-diloco", "torchft-local-sgd")
+
+
+def one_run(method: str, seed: int, chaos_every: float | None, a: argparse.Namespace) -> dict:
+    from dssync.lab.config import TrainConfig
+    from dssync.lab.elastic.launch import Chaos, run_elastic
+    from dssync.lab.methods import configure
+
+    cfg = TrainConfig(
+        workload=a.workload, sync=method, epochs=10_000, batch_size=a.batch_size,
+        max_steps=a.steps, timeout_s=a.timeout_s, seed=seed,
+    )  # fmt: skip
+    cfg.progress = False
+    cfg = configure(cfg)
+    chaos = None if chaos_every is None else Chaos(every_s=chaos_every, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
+        folder = Path(tmp)
+        summary = run_elastic(
+            cfg, a.replicas, min_replicas=a.replicas // 2 + 1, restart_delay_s=a.restart_delay,
+            folder=folder, say=lambda line: print(f"    {line}", flush=True), chaos=chaos,
+            timeout_s=a.budget,
+        )  # fmt: skip
+        start = (folder / "go").stat().st_mtime
+        rs = [json.loads(x) for x in (folder / "steps.jsonl").read_text().splitlines()]
+    steps = [r for r in rs if "step" in r]
+    end = min(r["time"] for r in steps if r["step"] == a.steps)
+    done = [r for r in steps if r["time"] <= end]
+    reached = [r["time"] for r in rs if "eval_step" in r and r["metric"] >= a.target]
+    e = summary["elastic"]
+    return {
+        "method": method,
+        "seed": seed,
+        "chaos_every_s": chaos_every,
+        "kills": len(e["chaos_kills"]),
+        "restarts": sum(e["restarts"].values()),
+        "finished": len(e["finished"]),
+        "job_s": end - start,
+        "samples": len(done) * a.batch_size,
+        "samples_per_s": len(done) * a.batch_size / (end - start),
+        "time_to_target_s": (min(reached) - start) if reached else None,
+        "final_metric": summary["final_metric"],
+        "one_model": len(set(e["final_model_sha256"].values())) == 1,
+    }
+
+
+def table(pairs: list[dict], target: float) -> str:
+    head = (
+        "| method | seed | kills | job s (no faults / faults) | samples/s (no faults / faults) "
+        f"| goodput | time to {target} s (no faults / faults) | final metric (no faults / faults) |"
+    )
+    out = [head, "|" + "---|" * 8]
+    for p in pairs:
+        c, f = p["calm"], p["chaos"]
+
+        def ttt(r: dict) -> str:
+            return (
+                "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
+            )
+
+        out.append(
+            f"| {p['method']} | {p['seed']} | {f['kills']} | {c['job_s']:.0f} / {f['job_s']:.0f} "
+            f"| {c['samples_per_s']:.0f} / {f['samples_per_s']:.0f} | {p['goodput']:.2f} "
+            f"| {ttt(c)} / {ttt(f)} | {c['final_metric']:.4f} / {f['final_metric']:.4f} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--workload", default="digits")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--chaos-every", type=float, default=30.0)
+    ap.add_argument("--restart-delay", type=float, default=2.0)
+    ap.add_argument("--timeout-s", type=float, default=20.0)
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--budget", type=float, default=900.0, help="seconds per run at most")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    methods = a.methods.split(",")
+    seeds = [int(s) for s in a.seeds.split(",")]
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    runs: list[dict] = []
+    for i, seed in enumerate(seeds):
+        order = methods if i % 2 == 0 else methods[::-1]
+        for j, method in enumerate(order):
+            sides = [None, a.chaos_every] if (i + j) % 2 == 0 else [a.chaos_every, None]
+            for every in sides:
+                word = "without failures" if every is None else f"a kill every ~{every:g} s"
+                print(f"{method} seed {seed}, {word}", flush=True)
+                t0 = time.monotonic()
+                r = one_run(method, seed, every, a)
+                r["wall_s"] = time.monotonic() - t0
+                print(f"  {json.dumps(r)}", flush=True)
+                runs.append(r)
+    pairs = []
+    for method in methods:
+        for seed in seeds:
+            calm, chaos = (
+                next(r for r in runs if (r["method"], r["seed"]) == (method, seed)
+                     and (r["chaos_every_s"] is None) == want)
+                for want in (True, False)
+            )  # fmt: skip
+            goodput = chaos["samples_per_s"] / calm["samples_per_s"]
+            pairs.append(
+                {"method": method, "seed": seed, "goodput": goodput, "calm": calm, "chaos": chaos}
+            )
+    spread = {
+        m: {
+            "goodput_median": statistics.median(p["goodput"] for p in pairs if p["method"] == m),
+            "goodput_min": min(p["goodput"] for p in pairs if p["method"] == m),
+            "goodput_max": max(p["goodput"] for p in pairs if p["method"] == m),
+        }
+        for m in methods
+    }
+    text = table(pairs, a.target)
+    print(text)
+    print(json.dumps(spread, indent=1))
+    result = {
+        "command": "PYTHONPATH=src python tools/goodput_elastic.py " + " ".join(sys.argv[1:]),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "machine": f"{os.cpu_count()} cores, shared (loaded by other work)",
+        "settings": vars(a),
+        "summary": spread,
+        "pairs": pairs,
+        "table": text,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"written to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
