@@ -61,8 +61,9 @@ class Replica:
 class Chaos:
     """Kill a random live replica every ``every_s`` seconds, give or take ``spread`` of it
     (uniform; 25 s and 0.2: every 20 to 30 s), drawn from ``seed``: torchft's punisher as an
-    option of the launcher. No kill leaves fewer than ``min_replicas`` replicas running, none
-    comes before every replica has stepped or once one has finished; each kill goes to
+    option of the launcher. No kill leaves fewer than ``min_replicas`` replica processes
+    running (a restarted one still starting counts: the others may then wait for it at their
+    next quorum), none comes before every replica has stepped or once one has finished; each kill goes to
     ``summary["elastic"]["chaos_kills"]``.
 
     Example::
