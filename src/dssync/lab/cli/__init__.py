@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from types import FrameType
 
 import click
 
@@ -40,13 +43,29 @@ def _register_optional() -> None:
 _register_optional()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is so that it cleans up as after Ctrl-C: the processes
+    it started are killed, an emulated cluster is torn down."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input exits 2 with one line naming the problem and the fix; ranks out of
     step or a lost peer exit 1 with one line naming them; any other exception is a bug: its
-    traceback, exit 1 (see :mod:`dssync.lab.cli.errors`)."""
+    traceback, exit 1 (see :mod:`dssync.lab.cli.errors`). Ctrl-C exits 130 and SIGTERM 143, each
+    after the command killed every process it started (a rank under torchrun keeps torchrun's
+    SIGTERM: its agent stops it)."""
+    if not launched_externally() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=argv, standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # click's wrapping of a KeyboardInterrupt
+        if isinstance(e.__cause__, Terminated):
+            click.echo("terminated", err=True)
+            sys.exit(143)
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.UsageError as e:  # a bad flag or value: one line, no usage block
@@ -56,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except Terminated:
+        click.echo("terminated", err=True)
+        sys.exit(143)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

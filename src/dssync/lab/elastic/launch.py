@@ -8,8 +8,9 @@ is healed from a live peer), unless a replica has already finished (the run is e
 newcomer would wait for a quorum in vain) or it died before its first step (a new process would
 fail the same way: a Lighthouse that cannot be reached, say). The run succeeds when at least ``min_replicas``
 replicas finished. Every process it started is killed when it returns, raises, times out or is
-interrupted. With ``chaos=Chaos(every_s=25)`` it is also the punisher: it SIGKILLs a random
-replica that has stepped about every 25 s (the lost one is restarted like any other).
+interrupted (Ctrl-C; ``dssync train`` turns SIGTERM into the same). With
+``chaos=Chaos(every_s=25)`` it is also the punisher: it SIGKILLs a random replica that has
+stepped about every 25 s (the lost one is restarted like any other).
 
 Example::
 
@@ -26,8 +27,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,10 +240,11 @@ def _run(
         (folder / "go").touch()
         _supervise(team, folder, address, restart_delay_s, deadline, say, chaos, min_replicas)
     finally:
-        for r in team:
-            _kill(r)
-        if house is not None:
-            house.close()
+        with _shielded():  # a second Ctrl-C or SIGTERM must not cut the killing short
+            for r in team:
+                _kill(r)
+            if house is not None:
+                house.close()
     finished = [r.number for r in team if r.ends and r.ends[-1] == "finished"]
     summaries = {n: json.loads((folder / f"summary{n}.json").read_text()) for n in finished}
     report = {
@@ -415,6 +419,20 @@ def _how(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """SIGINT and SIGTERM held off while the body runs (in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 def _kill(r: Replica) -> None:
