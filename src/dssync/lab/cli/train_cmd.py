@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from dssync.lab.methods import configure, is_elastic, method_names
 from dssync.lab.train import TrainConfig, run_training
 from dssync.lab.train.factory import STRATEGIES
 from dssync.lab.train.validate import validate
+
+if TYPE_CHECKING:
+    from dssync.lab.elastic.launch import Chaos
 
 
 @click.command()
@@ -79,6 +83,22 @@ from dssync.lab.train.validate import validate
     help="--elastic: join this torchft Lighthouse (http://HOST:PORT) instead of starting one.",
 )
 @click.option(
+    "--chaos-every",
+    "chaos_every_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="--elastic: kill a random live replica every SECONDS, give or take 20% (torchft's "
+    "punisher; the lost one is restarted after --restart-delay). For chaos tests and goodput.",
+)
+@click.option(
+    "--chaos-seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="--elastic --chaos-every: the seed that draws the kills' times and victims.",
+)
+@click.option(
     "--log-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -93,6 +113,8 @@ def train(
     min_replicas: int | None,
     restart_delay_s: float,
     lighthouse: str | None,
+    chaos_every_s: float | None,
+    chaos_seed: int,
     log_dir: str | None,
 ) -> None:
     """Train WORKLOAD with one synchronization method and print a summary table.
@@ -102,14 +124,20 @@ def train(
     rank instead. With --resume, a run may continue with another number of workers than wrote it.
     """
     if elastic or is_elastic(cfg.sync):
+        chaos = None
+        if chaos_every_s is not None:
+            from dssync.lab.elastic.launch import Chaos
+
+            chaos = Chaos(every_s=chaos_every_s, seed=chaos_seed)
         return train_elastic(
-            cfg, workers, min_replicas, restart_delay_s, lighthouse, log_dir, json_path
+            cfg, workers, min_replicas, restart_delay_s, lighthouse, log_dir, json_path, chaos
         )
     given = [
         f
         for f, v in (
             ("--min-replicas", min_replicas),
             ("--lighthouse", lighthouse),
+            ("--chaos-every", chaos_every_s),
             ("--log-dir", log_dir),
         )
         if v is not None
@@ -134,6 +162,7 @@ def train_elastic(
     lighthouse: str | None,
     log_dir: str | None,
     json_path: str | None,
+    chaos: Chaos | None = None,
 ) -> None:
     """``--elastic``: the run on torchft's launcher, one line per event, then its summary."""
     from dssync.lab.elastic.launch import run_elastic
@@ -163,6 +192,7 @@ def train_elastic(
         timeout_s=None,
         folder=log_dir,
         say=lambda line: console.print(f"  {line}"),
+        chaos=chaos,
     )
     e = summary["elastic"]
     restarts = sum(e["restarts"].values())
@@ -173,6 +203,10 @@ def train_elastic(
         f"{summary['steps']} steps; {summary['metric_name']} {summary['final_metric']:.4f} "
         f"after the final average; one model on every finished replica: {'yes' if same else 'no'}"
     )
+    if chaos is not None:
+        console.print(
+            f"chaos: {len(e['chaos_kills'])} replica(s) killed, every ~{chaos.every_s:g} s"
+        )
     if json_path:
         write_json(json_path, summary)
         console.print(f"summary written to {json_path}")

@@ -8,7 +8,9 @@ is healed from a live peer), unless a replica has already finished (the run is e
 newcomer would wait for a quorum in vain) or it died before its first step (a new process would
 fail the same way: a Lighthouse that cannot be reached, say). The run succeeds when at least ``min_replicas``
 replicas finished. Every process it started is killed when it returns, raises, times out or is
-interrupted (Ctrl-C; ``dssync train`` turns SIGTERM into the same).
+interrupted (Ctrl-C; ``dssync train`` turns SIGTERM into the same). With
+``chaos=Chaos(every_s=25)`` it is also the punisher: it SIGKILLs a random replica that has
+stepped about every 25 s (the lost one is restarted like any other).
 
 Example::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -55,6 +58,37 @@ class Replica:
     ends: list[str] = field(default_factory=list)  # how each of its processes ended
     proc_pid: int = 0  # the pid of its last process
     told: bool = False  # the tail of its log was said
+
+
+@dataclass
+class Chaos:
+    """Kill a random live replica every ``every_s`` seconds, give or take ``spread`` of it
+    (uniform; 25 s and 0.2: every 20 to 30 s), drawn from ``seed``: torchft's punisher as an
+    option of the launcher. No kill leaves fewer than ``min_replicas`` replica processes
+    running (a restarted one still starting counts: the others may then wait for it at their
+    next quorum), none comes before every replica has stepped or once one has finished; each kill goes to
+    ``summary["elastic"]["chaos_kills"]``.
+
+    Example::
+
+        run_elastic(cfg, replicas=4, chaos=Chaos(every_s=30, seed=1))
+    """
+
+    every_s: float
+    spread: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.every_s <= 0:
+            raise UsageError(f"chaos every_s={self.every_s} must be > 0 seconds")
+        if not 0 <= self.spread < 1:
+            raise UsageError(f"chaos spread={self.spread} must be in [0, 1)")
+        self.rng = random.Random(self.seed)
+        self.next_at: float | None = None
+        self.kills: list[dict[str, Any]] = []
+
+    def gap(self) -> float:
+        return self.every_s * self.rng.uniform(1 - self.spread, 1 + self.spread)
 
 
 LIGHTHOUSE = """
@@ -131,6 +165,7 @@ def run_elastic(
     folder: str | os.PathLike | None = None,
     say: Callable[[str], None] = print,
     heartbeat_ms: int = HEARTBEAT_MS,
+    chaos: Chaos | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``replicas`` elastic replicas; the summary of the lowest-numbered replica
     that finished, with ``summary["elastic"]`` saying what happened to each.
@@ -142,7 +177,8 @@ def run_elastic(
     ``heartbeat_ms`` is the Lighthouse's ``heartbeat_timeout_ms``: after a replica is lost, the
     others wait about this long at their next quorum (0.52 s at 500, 2.07 s at 2000 in
     ``tests/elastic/test_chaos.py``); a live replica whose heartbeats (every 100 ms) are late
-    by more is left out of a quorum and healed.
+    by more is left out of a quorum and healed. ``chaos`` kills replicas on a schedule
+    (:class:`Chaos`).
     """
     min_replicas = replicas if min_replicas is None else min_replicas
     if not 1 <= min_replicas <= replicas:
@@ -150,7 +186,16 @@ def run_elastic(
     if restart_delay_s < 0:
         raise UsageError(f"restart_delay_s={restart_delay_s} must be >= 0 seconds")
     budget = timeout_s or max(600.0, cfg.timeout_s * 4)
-    settings = (cfg, replicas, min_replicas, restart_delay_s, lighthouse, budget, heartbeat_ms)
+    settings = (
+        cfg,
+        replicas,
+        min_replicas,
+        restart_delay_s,
+        lighthouse,
+        budget,
+        heartbeat_ms,
+        chaos,
+    )
     if folder is None:
         with tempfile.TemporaryDirectory(prefix="dssync-elastic-") as tmp:
             return _run(*settings, Path(tmp), say)
@@ -166,6 +211,7 @@ def _run(
     address: str | None,
     budget: float,
     heartbeat_ms: int,
+    chaos: Chaos | None,
     folder: Path,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -192,7 +238,7 @@ def _run(
             _start(r, folder, address, say)
         _wait_ready(team, folder, deadline)
         (folder / "go").touch()
-        _supervise(team, folder, address, restart_delay_s, deadline, say)
+        _supervise(team, folder, address, restart_delay_s, deadline, say, chaos, min_replicas)
     finally:
         with _shielded():  # a second Ctrl-C or SIGTERM must not cut the killing short
             for r in team:
@@ -210,6 +256,7 @@ def _run(
         "ends": {str(r.number): r.ends for r in team},
         "final_model_sha256": {str(n): s["final_model_sha256"][0] for n, s in summaries.items()},
         "final_metric": {str(n): s["final_metric"] for n, s in summaries.items()},
+        "chaos_kills": [] if chaos is None else chaos.kills,
     }
     if len(finished) < min_replicas:
         ends = "; ".join(f"replica {r.number}: {', '.join(r.ends) or 'never ended'}" for r in team)
@@ -265,10 +312,14 @@ def _supervise(
     restart_delay_s: float,
     deadline: float,
     say: Callable[[str], None],
+    chaos: Chaos | None = None,
+    min_replicas: int = 1,
 ) -> None:
     """Watch until no replica runs and none waits for its restart; restart the lost ones."""
     while True:
         now = time.monotonic()
+        if chaos is not None:
+            _punish(team, folder, chaos, min_replicas, now, say)
         for r in team:
             if r.proc is not None and r.proc.poll() is not None:
                 code = r.proc.returncode
@@ -299,6 +350,7 @@ def _supervise(
                     r.restart_at = None  # the run ended while it waited
                 else:
                     _start(r, folder, address, say)
+        _dismiss_latecomers(team, folder, say)
         if all(r.proc is None and r.restart_at is None for r in team):
             return
         if now > deadline:
@@ -307,6 +359,51 @@ def _supervise(
                 "or lower --epochs/--max-steps)"
             )
         time.sleep(0.1)
+
+
+def _dismiss_latecomers(team: list[Replica], folder: Path, say: Callable[[str], None]) -> None:
+    """Kill a restarted replica that has not stepped once another finished: the others are gone,
+    its quorum would never form and it would wait out its quorum timeout before failing."""
+    if not any(r.ends and r.ends[-1] == "finished" for r in team):
+        return
+    for r in team:
+        if r.proc is None or r.starts < 2 or _stepped(folder, r.proc.pid):
+            continue
+        _kill(r)
+        r.proc_pid, r.proc = r.proc.pid, None
+        r.ends.append("dismissed: the run ended before it stepped")
+        say(f"replica {r.number} dismissed: the run ended before its restart stepped")
+
+
+def _punish(
+    team: list[Replica],
+    folder: Path,
+    chaos: Chaos,
+    min_replicas: int,
+    now: float,
+    say: Callable[[str], None],
+) -> None:
+    """SIGKILL a random running replica when ``chaos`` says it is time (see :class:`Chaos`)."""
+    if any(r.ends and r.ends[-1] == "finished" for r in team):
+        return  # the run is ending
+    running = [r for r in team if r.proc is not None and r.proc.poll() is None]
+    if chaos.next_at is None:  # the clock starts once every replica has stepped
+        if len(running) == len(team) and all(_stepped(folder, r.proc.pid) for r in running):
+            chaos.next_at = now + chaos.gap()
+        return
+    if now < chaos.next_at or len(running) <= min_replicas:
+        return  # not yet, or a kill now would leave fewer than min_replicas running
+    stepped = [r for r in running if _stepped(folder, r.proc.pid)]
+    if not stepped:
+        return  # a process killed before its first step would not be restarted
+    victim = chaos.rng.choice(stepped)
+    pid = victim.proc.pid
+    os.killpg(pid, signal.SIGKILL)
+    chaos.kills.append({"replica": victim.number, "pid": pid, "time": time.time()})
+    chaos.next_at = now + chaos.gap()
+    say(
+        f"chaos: killed replica {victim.number} (pid {pid}); next kill in {chaos.next_at - now:.0f} s"
+    )
 
 
 def _stepped(folder: Path, pid: int) -> bool:

@@ -4,7 +4,8 @@
 
 FOLDER holds ``config.json`` (the run's TrainConfig, ``replicas`` and ``min_replicas``). The
 replica trains shard REPLICA of the workload's data, writes one JSON line per step to
-``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, a digest of the parameters), and at the end
+``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, a digest of the
+parameters; at each evaluation ``eval_step``, time and the replica's own metric), and at the end
 takes one average over the live replicas, evaluates it and writes ``FOLDER/summary{REPLICA}.json``.
 A first start writes ``FOLDER/ready{REPLICA}`` once its data is loaded and waits for
 ``FOLDER/go`` (so the first quorum holds every replica); a restart finds ``go`` and joins at once.
@@ -27,7 +28,7 @@ import torch
 from dssync.lab.config import TrainConfig
 from dssync.lab.launch import exit_quietly
 from dssync.lab.train.data import RankData
-from dssync.lab.train.summary import evaluate, model_digest
+from dssync.lab.train.summary import evaluate, header, model_digest
 
 GO_WAIT_S = 300.0  # the longest a first start waits for the others to load their data
 
@@ -114,6 +115,7 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
         if evaluation_due(cfg, trainer.steps, data.steps_per_epoch, total):
             metrics = evaluate(data.wl, model, data.test)
             evals.append({"step": trainer.steps, "time_s": train_s, **metrics})
+            write(eval_step=trainer.steps, time=time.time(), metric=metrics[data.wl.metric_name])
     own = evaluate(data.wl, model, data.test)
     trainer.average_all()
     final = evaluate(data.wl, model, data.test)
@@ -123,18 +125,11 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
     done = max(len(rows), 1)
     wl = data.wl
     return {
-        "config": cfg.to_dict(),
+        **header(cfg, wl, final),
         "replica": n,
         "replicas": replicas,
         "world_size": replicas,
         "device": "cpu",
-        "workload": wl.name,
-        "sync": cfg.sync,
-        "metric_name": wl.metric_name,
-        "higher_is_better": wl.higher_is_better,
-        "final_metric": final[wl.metric_name],
-        "final_loss": final["loss"],
-        "final_accuracy": final.get("accuracy"),
         "worker_metric": [own[wl.metric_name]],
         "swa_metric": None,
         "consensus_distance": None,

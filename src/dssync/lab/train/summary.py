@@ -146,6 +146,21 @@ def swa_ensemble(
     return evaluate(wl, ensemble, data.test)
 
 
+def header(cfg: TrainConfig, wl: Workload, final: dict[str, float]) -> dict[str, Any]:
+    """The fields every run summary starts with: the config (its method's preset filled in), the
+    workload and method, and ``final``'s metrics (an :func:`evaluate` after the final average)."""
+    return {
+        "config": configure(cfg).to_dict(),
+        "workload": wl.name,
+        "sync": cfg.sync,
+        "metric_name": wl.metric_name,
+        "higher_is_better": wl.higher_is_better,
+        "final_metric": final[wl.metric_name],
+        "final_loss": final["loss"],
+        "final_accuracy": final.get("accuracy"),
+    }
+
+
 def summarize(
     cfg: TrainConfig,
     data: RankData,
@@ -183,16 +198,9 @@ def summarize(
     )
     iters = [(r["compute_s"] + r["sync_s"]) / steps_done for r in per_rank]
     return {
-        "config": configure(cfg).to_dict(),  # with the options the method's preset filled in
+        **header(cfg, wl, final),
         "world_size": world,
         "device": str(device),
-        "workload": wl.name,
-        "sync": cfg.sync,
-        "metric_name": wl.metric_name,
-        "higher_is_better": wl.higher_is_better,
-        "final_metric": final[wl.metric_name],
-        "final_loss": final["loss"],
-        "final_accuracy": final.get("accuracy"),
         "swa_metric": swa_metric,
         "worker_metric": [r["metric"] for r in per_rank],
         "worker_accuracy": [r["metric"] for r in per_rank]
