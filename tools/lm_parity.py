@@ -58,8 +58,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dssync import Butterfly, DSSync, Global, Shuffle, consensus_distance, nesterov
 from dssync.lab.cli.output import provenance
 from dssync.lab.launch import spawn
+from dssync.lab.train.lm_loop import train_steps
 from dssync.lab.workloads import shard
-from dssync.lab.workloads.lm import CLIP, LM, train_steps
+from dssync.lab.workloads.lm import CLIP, LM
 
 SETTINGS = (
     "ddp",

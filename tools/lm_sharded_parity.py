@@ -41,8 +41,9 @@ from torch.distributed.fsdp import fully_shard
 from dssync import DSSync, Shuffle
 from dssync.lab.cli.output import provenance
 from dssync.lab.launch import spawn
+from dssync.lab.train.lm_loop import train_steps
 from dssync.lab.workloads import shard
-from dssync.lab.workloads.lm import CLIP, LM, train_steps
+from dssync.lab.workloads.lm import CLIP, LM
 
 SETTINGS = ("hsdp", "dssync", "dssync-every4")
 

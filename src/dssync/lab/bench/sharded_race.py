@@ -83,8 +83,9 @@ def run(a: argparse.Namespace) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     from dssync import DSSync, Shuffle
+    from dssync.lab.train.lm_loop import train_steps
     from dssync.lab.workloads import shard
-    from dssync.lab.workloads.lm import CLIP, LM, train_steps
+    from dssync.lab.workloads.lm import CLIP, LM
     from dssync.strategies.sharded import local
 
     torch.set_num_threads(1)
