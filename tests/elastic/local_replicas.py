@@ -57,6 +57,8 @@ class Cluster:
             *extra,
         ]
         cmd.append(f"--go={go or self.go}")
+        if go is None and not self.go.exists():  # started together: the first quorum has all
+            cmd.append("--manager-first")
         proc = self._start(cmd, f"replica{n}")
         self.replicas[n] = proc
         return proc

@@ -48,6 +48,11 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.0, help="sleep per step (compute time)")
     ap.add_argument("--final", action="store_true", help="average_all at the end")
     ap.add_argument("--go", help="wait until this file exists before the first step")
+    ap.add_argument(
+        "--manager-first",
+        action="store_true",
+        help="start the manager before --go, so the first quorum waits for this replica",
+    )
     ap.add_argument("--deadline-s", type=float, default=240.0, help="end the process by then")
     ap.add_argument(
         "--die-in-averaging",
@@ -64,17 +69,23 @@ def main() -> None:
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     target = torch.randn(8, 4)
+
+    def manager() -> ReplicaManager:
+        return ReplicaManager(
+            f"replica_{args.replica}",
+            args.lighthouse,
+            min_replicas=args.min_replicas,
+            timeout_s=args.timeout_s,
+            quorum_timeout_s=60.0,
+        )
+
+    # heard by the Lighthouse before its first quorum, which then waits for this replica too
+    early = manager() if args.manager_first else None
     with open(args.log, "a") as log:  # imported: ready to join when told (--go)
         log.write(json.dumps({"pid": os.getpid(), "replica": args.replica, "ready": True}) + "\n")
     while args.go and not os.path.exists(args.go):
         time.sleep(0.05)
-    manager = ReplicaManager(
-        f"replica_{args.replica}",
-        args.lighthouse,
-        min_replicas=args.min_replicas,
-        timeout_s=args.timeout_s,
-        quorum_timeout_s=60.0,
-    )
+    manager = early or manager()
     sync = ElasticDSSync(model, manager, optimizer=opt)
     with open(args.log, "a") as log:
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from dssync.errors import UsageError
-from dssync.lab.elastic.launch import Chaos, Replica, _punish
+from dssync.lab.elastic.launch import Chaos, Replica, _punish, _stepped
 
 
 @pytest.fixture
@@ -90,3 +90,17 @@ def test_it_never_leaves_fewer_than_min_replicas_running_nor_kills_once_one_fini
     team[0].ends.append("finished")
     _punish(team, tmp_path, chaos, 1, now + 5, lambda line: None)
     assert chaos.kills == [], "a kill after a replica had finished"
+
+
+def test_stepped_reads_only_what_was_added_and_waits_for_a_whole_line(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"pid": 7, "replica": 0, "ready": true}\n{"pid": 7, "replica": 0, "eval_')
+    assert not _stepped(tmp_path, 7)  # no step yet; the half line is not read
+    with path.open("a") as f:
+        f.write('step": 1}\n{"pid": 8, "replica": 1, "step": 1}\n{"pid": 9, "replica": 2, "st')
+    assert _stepped(tmp_path, 8) and not _stepped(tmp_path, 7) and not _stepped(tmp_path, 9)
+    with path.open("a") as f:
+        f.write('ep": 4}\n')
+    assert _stepped(tmp_path, 9) and _stepped(tmp_path, 8)
+    path.write_text('{"pid": 5, "replica": 0, "step": 1}\n')  # a shorter file in its place
+    assert _stepped(tmp_path, 5) and not _stepped(tmp_path, 8)

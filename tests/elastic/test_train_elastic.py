@@ -127,7 +127,10 @@ def test_a_killed_replica_is_restarted_and_the_run_exits_0(tmp_path):
     for n in (0, 1):  # the survivors were never restarted and kept stepping
         mine = [r for r in rs if r["replica"] == n and "step" in r]
         assert len({r["pid"] for r in mine}) == 1
-        assert [r["step"] for r in mine] == list(range(1, 4001))
+        steps = [r["step"] for r in mine]
+        # a replica whose manager came up after the others' first quorum (tens of ms) heals to
+        # the live step when it joins the next one: seen at steps 2 and 5 of 4,000
+        assert steps[0] <= 40 and steps == list(range(steps[0], 4001)), steps[:10]
         assert any(r["time"] > killed_at for r in mine)
     again = [r for r in rs if r["replica"] == 2 and "step" in r and r["pid"] != victim]
     assert again, "the restarted replica never stepped"

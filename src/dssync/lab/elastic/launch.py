@@ -225,6 +225,7 @@ def _run(
         "quorum_timeout_s": max(cfg.timeout_s, 60.0),
     }
     (folder / "config.json").write_text(json.dumps(spec))
+    _STEPPED.pop(folder / "steps.jsonl", None)
     house = None
     if address is None:
         # the first quorum waits for every replica (they start together, see ``go``)
@@ -406,13 +407,29 @@ def _punish(
     )
 
 
+# steps.jsonl per folder: (bytes read, pids that recorded a step). The supervisor asks every
+# 0.1 s and the file grows to megabytes; each question reads only what was added since. A run
+# forgets its folder's entry when it starts.
+_STEPPED: dict[Path, tuple[int, set[int]]] = {}
+
+
 def _stepped(folder: Path, pid: int) -> bool:
-    """Whether process ``pid`` recorded a step in ``steps.jsonl``."""
+    """Whether process ``pid`` recorded a step in ``folder/steps.jsonl``."""
     path = folder / "steps.jsonl"
     if not path.exists():
         return False
-    mark = f'{{"pid": {pid}, '
-    return any(line.startswith(mark) and '"step"' in line for line in path.open())
+    read, pids = _STEPPED.get(path, (0, set()))
+    if path.stat().st_size < read:  # a shorter file in its place
+        read, pids = 0, set()
+    with path.open("rb") as f:
+        f.seek(read)
+        added = f.read()
+    whole = added[: added.rfind(b"\n") + 1]  # a line being written waits for the next question
+    for line in whole.splitlines():
+        if line.startswith(b'{"pid": ') and b'"step"' in line:
+            pids.add(int(line[8 : line.index(b",")]))
+    _STEPPED[path] = (read + len(whole), pids)
+    return pid in pids
 
 
 def _how(code: int) -> str:

@@ -71,12 +71,8 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
         log.write(json.dumps({"pid": os.getpid(), "replica": n, **record}) + "\n")
         log.flush()
 
-    go = folder / "go"
-    if not go.exists():
-        (folder / f"ready{n}").touch()
-        deadline = time.monotonic() + GO_WAIT_S
-        while not go.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+    # The manager heartbeats to the Lighthouse from here on, before the first quorum: the
+    # Lighthouse then waits for every replica it heard of, so all start at step 1 together.
     manager = ReplicaManager(
         f"replica_{n}",
         lighthouse,
@@ -84,6 +80,12 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
         timeout_s=cfg.timeout_s,
         quorum_timeout_s=spec.get("quorum_timeout_s", cfg.timeout_s),
     )
+    go = folder / "go"
+    if not go.exists():
+        (folder / f"ready{n}").touch()
+        deadline = time.monotonic() + GO_WAIT_S
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     trainer = build_trainer(cfg, model, opt, manager)
     torch.manual_seed(cfg.seed * 1000 + n)
     total = data.total_steps()
