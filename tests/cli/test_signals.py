@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive, children
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
@@ -21,26 +23,6 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 def _as_at_a_terminal() -> None:
     """SIGINT as a shell gives a foreground command: a CI runner's background job ignores it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -59,13 +41,13 @@ def test_a_signal_to_train_kills_its_workers_and_exits_with_its_code(tmp_path, s
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 90
-        while len(_children(proc.pid)) < 2:
+        while len(children(proc.pid)) < 2:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the workers did not start"
             time.sleep(0.2)
         time.sleep(5)  # into training (their imports take a few seconds)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -76,4 +58,4 @@ def test_a_signal_to_train_kills_its_workers_and_exits_with_its_code(tmp_path, s
     assert proc.returncode == code, err[-2000:]
     assert word in err
     time.sleep(0.5)
-    assert workers and not [p for p in workers if _alive(p)], "a worker outlived the run"
+    assert workers and not [p for p in workers if alive(p)], "a worker outlived the run"

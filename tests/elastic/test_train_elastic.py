@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 from dssync.lab.cli import cli
 from dssync.lab.elastic.launch import Lighthouse
 from dssync.lab.launch import run_contained
+from procs import alive, children
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
@@ -149,26 +151,11 @@ def test_replicas_that_cannot_reach_the_lighthouse_are_not_restarted_and_the_run
         cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
-    out = " ".join(done.stdout.split())
-    assert "replica 0 failed before its first step (exit code 1): not restarted" in out, out
+    out, err = " ".join(done.stdout.split()), " ".join(done.stderr.split())
+    # a replica's manager connects before the replica says it is ready: the run stops there
+    assert re.search(r"error: replica [01] ended \(exit code 1\) before it started training", err)
     assert "restarted (start 2)" not in out
-    assert "failed to connect to http://127.0.0.1:9" in out  # the replica's own log, shown
-    assert "error: 0 of 2 replicas finished, fewer than min_replicas=2" in done.stderr
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return "Z"
+    assert "failed to connect to http://127.0.0.1:9" in err  # the replica's own log, shown
 
 
 def wait_for_steps(folder: Path, proc: subprocess.Popen, replicas: int, timeout_s: float) -> None:
@@ -199,7 +186,7 @@ def test_ctrl_c_or_sigterm_kills_every_process_the_run_started(tmp_path, sig, co
     try:
         wait_for_steps(tmp_path, proc, 2, 150)
         pids = {r["pid"] for r in records(tmp_path)}
-        house = int(next(iter(pid for pid in _children(proc.pid) if pid not in pids)))
+        house = int(next(iter(pid for pid in children(proc.pid) if pid not in pids)))
         proc.send_signal(sig)  # SIGINT: what Ctrl-C sends; SIGTERM: what an orchestrator sends
         _, err = proc.communicate(timeout=60)
     finally:
@@ -210,18 +197,6 @@ def test_ctrl_c_or_sigterm_kills_every_process_the_run_started(tmp_path, sig, co
     assert proc.returncode == code, err[-2000:]
     time.sleep(0.5)
     assert not [p for p in [*pids, house] if alive(p)], "a process outlived the run"
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 @pytest.mark.slow
