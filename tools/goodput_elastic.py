@@ -41,14 +41,41 @@ METHODS = ("elastic-dssync", "torchft-diloco", "torchft-local-sgd")
 SETTINGS = {"torchft-diloco": {"every": 16, "outer_lr": 0.5}}
 
 
-def one_run(method: str, seed: int, chaos_every: float | None, a: argparse.Namespace) -> dict:
+def settings_of(label: str) -> tuple[str, dict]:
+    """``"elastic-dssync@4"``: the method and its settings, averaging every 4 steps."""
+    method, _, every = label.partition("@")
+    settings = dict(SETTINGS.get(method, {}))
+    if every:
+        settings["every"] = int(every)
+    return method, settings
+
+
+def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list[float]:
+    """Per kill, the survivors' median longest wait between two steps of theirs in the
+    ``window_s`` after it (the wait that spans the kill included): what a kill cost the others."""
+    out = []
+    for k in kills:
+        longest = []
+        for n in {r["replica"] for r in steps} - {k["replica"]}:
+            times = sorted(r["time"] for r in steps if r["replica"] == n)
+            near = [t for t in times if k["time"] - 5 <= t <= k["time"] + window_s]
+            gaps = [b - a for a, b in zip(near, near[1:], strict=False)]
+            if gaps:
+                longest.append(max(gaps))
+        if longest:
+            out.append(round(statistics.median(longest), 3))
+    return out
+
+
+def one_run(label: str, seed: int, chaos_every: float | None, a: argparse.Namespace) -> dict:
     from dssync.lab.config import TrainConfig
     from dssync.lab.elastic.launch import Chaos, run_elastic
     from dssync.lab.methods import configure
 
+    method, settings = settings_of(label)
     cfg = TrainConfig(
         workload=a.workload, sync=method, epochs=10_000, batch_size=a.batch_size,
-        max_steps=a.steps, timeout_s=a.timeout_s, seed=seed, **SETTINGS.get(method, {}),
+        max_steps=a.steps, timeout_s=a.timeout_s, seed=seed, **settings,
     )  # fmt: skip
     cfg.progress = False
     cfg = configure(cfg)
@@ -72,10 +99,11 @@ def one_run(method: str, seed: int, chaos_every: float | None, a: argparse.Names
     reached = [t for t, metric in curve if metric >= a.target]
     e = summary["elastic"]
     return {
-        "method": method,
+        "method": label,
         "seed": seed,
         "chaos_every_s": chaos_every,
         "kills": len(e["chaos_kills"]),
+        "stalls_s": stalls(steps, e["chaos_kills"]),
         "restarts": sum(e["restarts"].values()),
         "finished": len(e["finished"]),
         "job_s": end - start,
@@ -92,9 +120,10 @@ def one_run(method: str, seed: int, chaos_every: float | None, a: argparse.Names
 def table(pairs: list[dict], target: float) -> str:
     head = (
         "| method | seed | kills | job s (no faults / faults) | samples/s (no faults / faults) "
-        f"| goodput | time to {target} s (no faults / faults) | final metric (no faults / faults) |"
+        f"| goodput | time to {target} s (no faults / faults) | final metric (no faults / faults) "
+        "| survivors' stall per kill s |"
     )
-    out = [head, "|" + "---|" * 8]
+    out = [head, "|" + "---|" * 9]
     for p in pairs:
         c, f = p["calm"], p["chaos"]
 
@@ -106,7 +135,8 @@ def table(pairs: list[dict], target: float) -> str:
         out.append(
             f"| {p['method']} | {p['seed']} | {f['kills']} | {c['job_s']:.0f} / {f['job_s']:.0f} "
             f"| {c['samples_per_s']:.0f} / {f['samples_per_s']:.0f} | {p['goodput']:.2f} "
-            f"| {ttt(c)} / {ttt(f)} | {c['final_metric']:.4f} / {f['final_metric']:.4f} |"
+            f"| {ttt(c)} / {ttt(f)} | {c['final_metric']:.4f} / {f['final_metric']:.4f} "
+            f"| {' '.join(f'{x:.1f}' for x in f.get('stalls_s', [])) or '-'} |"
         )
     return "\n".join(out)
 
@@ -128,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--render", metavar="RESULT", help="print the tables of a result file; run nothing"
     )
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated; METHOD@K averages (or syncs) every K steps",
+    )
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--workload", default="digits")
@@ -193,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit,
         "machine": f"{os.cpu_count()} cores, shared (loaded by other work)",
         "settings": vars(a),
-        "method_settings": SETTINGS,
+        "method_settings": {m: settings_of(m)[1] for m in methods},
         "summary": spread,
         "pairs": pairs,
         "table": text,

@@ -1,7 +1,7 @@
-"""The punisher: a replica SIGKILLed every 20-30 s and restarted, for a run of a few minutes.
+"""The punisher: a replica SIGKILLed every 12-18 s and restarted, for a run of a minute or more.
 
-The kills are the launcher's own (``run_elastic(..., chaos=Chaos(every_s=25))``, what
-``dssync train --elastic --chaos-every 25`` runs); ``run_elastic`` kills every process it
+The kills are the launcher's own (``run_elastic(..., chaos=Chaos(every_s=15))``, what
+``dssync train --elastic --chaos-every 15`` runs); ``run_elastic`` kills every process it
 started when it returns or raises, and the pytest timeout bounds the whole.
 """
 
@@ -17,7 +17,7 @@ from dssync.lab.config import TrainConfig
 from dssync.lab.elastic.launch import Chaos, run_elastic
 
 TIMEOUT_S = 20.0  # each replica's transfer timeout
-STEPS = 12_000  # about 3 minutes on a quiet 2-core machine, 4 to 6 kills
+STEPS = 12_000  # 70-80 s on a quiet 2-core machine (4 to 5 kills), 3 minutes under load
 
 
 def records(folder: Path) -> list[dict]:
@@ -53,14 +53,14 @@ def run(folder: Path, chaos: Chaos | None) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_a_replica_killed_every_25_s_never_restarts_a_survivor_and_ends_on_one_model(tmp_path):
-    chaos = Chaos(every_s=25, spread=0.2, seed=0)
+def test_a_replica_killed_every_15_s_never_restarts_a_survivor_and_ends_on_one_model(tmp_path):
+    chaos = Chaos(every_s=15, spread=0.2, seed=0)
     summary = run(tmp_path / "chaos", chaos)
     e = summary["elastic"]
     kills = e["chaos_kills"]
     assert len(kills) >= 3, f"only {len(kills)} kills: the run was too short for the punisher"
     gaps = [b["time"] - a["time"] for a, b in zip(kills, kills[1:], strict=False)]
-    assert all(15 <= g <= 40 for g in gaps), gaps  # 20-30 s, plus the supervisor's polling
+    assert all(11 <= g <= 25 for g in gaps), gaps  # 12-18 s, plus the supervisor's polling
     rs = records(tmp_path / "chaos")
     killed = {k["pid"] for k in kills}
     for n in range(3):
