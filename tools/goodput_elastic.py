@@ -42,12 +42,19 @@ SETTINGS = {"torchft-diloco": {"every": 16, "outer_lr": 0.5}}
 
 
 def settings_of(label: str) -> tuple[str, dict]:
-    """``"elastic-dssync@4"``: the method and its settings, averaging every 4 steps."""
-    method, _, every = label.partition("@")
+    """``"elastic-dssync@4"``: the method and its settings, averaging every 4 steps (a
+    `` hb=MS`` suffix, the Lighthouse's heartbeat timeout, is read by :func:`heartbeat_of`)."""
+    method, _, every = label.split(" ")[0].partition("@")
     settings = dict(SETTINGS.get(method, {}))
     if every:
         settings["every"] = int(every)
     return method, settings
+
+
+def heartbeat_of(label: str) -> int | None:
+    """``"elastic-dssync hb=500"``: 500 (ms); None: the launcher's default."""
+    hb = [w for w in label.split(" ") if w.startswith("hb=")]
+    return int(hb[0][3:]) if hb else None
 
 
 def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list[float]:
@@ -80,12 +87,14 @@ def one_run(label: str, seed: int, chaos_every: float | None, a: argparse.Namesp
     cfg.progress = False
     cfg = configure(cfg)
     chaos = None if chaos_every is None else Chaos(every_s=chaos_every, seed=seed)
+    hb = heartbeat_of(label)
+    beat = {} if hb is None else {"heartbeat_ms": hb}
     with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
         folder = Path(tmp)
         summary = run_elastic(
             cfg, a.replicas, min_replicas=a.replicas // 2 + 1, restart_delay_s=a.restart_delay,
             folder=folder, say=lambda line: print(f"    {line}", flush=True), chaos=chaos,
-            timeout_s=a.budget,
+            timeout_s=a.budget, **beat,
         )  # fmt: skip
         go = (folder / "go").stat().st_mtime
         rs = [json.loads(x) for x in (folder / "steps.jsonl").read_text().splitlines()]
@@ -171,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chaos-every", type=float, default=30.0)
     ap.add_argument("--restart-delay", type=float, default=2.0)
     ap.add_argument("--timeout-s", type=float, default=20.0)
+    ap.add_argument(
+        "--heartbeat-ms",
+        help="comma-separated Lighthouse heartbeat timeouts, each method run at each "
+        "(default: the launcher's)",
+    )
     ap.add_argument("--target", type=float, default=0.975)
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per run at most")
     ap.add_argument("--out")
@@ -181,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.out:
         ap.error("--out is required (or --render RESULT)")
     methods = a.methods.split(",")
+    if a.heartbeat_ms:  # each method at each heartbeat timeout, as methods of their own
+        methods = [f"{m} hb={h}" for m in methods for h in a.heartbeat_ms.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT

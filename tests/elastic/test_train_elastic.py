@@ -47,6 +47,10 @@ def records(folder: Path) -> list[dict]:
         (["--sync", "bsp"], "--sync bsp does not run elastically; use dssync or one of"),
         (["--min-replicas", "3", "--workers", "2"], "--min-replicas 3 is more than the 2"),
         (["--overlap"], "elastic-dssync does not take --overlap"),
+        (
+            ["--heartbeat-ms", "500", "--lighthouse", "http://x:1"],
+            "with --lighthouse URL, set heartbeat_timeout_ms where that Lighthouse is started",
+        ),
     ],
 )
 def test_elastic_settings_that_cannot_work_are_refused_naming_the_fix(args, says):
@@ -54,9 +58,25 @@ def test_elastic_settings_that_cannot_work_are_refused_naming_the_fix(args, says
     assert r.exit_code != 0 and says in f"{r.output} {r.exception}", (r.output, r.exception)
 
 
-def test_elastic_flags_without_elastic_are_refused():
-    r = CliRunner().invoke(cli, ["train", *DIGITS, "--lighthouse", "http://x:1"])
+@pytest.mark.parametrize("flag", [["--lighthouse", "http://x:1"], ["--heartbeat-ms", "500"]])
+def test_elastic_flags_without_elastic_are_refused(flag):
+    r = CliRunner().invoke(cli, ["train", *DIGITS, *flag])
     assert r.exit_code == 2 and "only apply to an elastic run: add --elastic" in r.output
+
+
+@pytest.mark.parametrize(("flag", "want"), [([], 2000), (["--heartbeat-ms", "500"], 500)])
+def test_heartbeat_ms_reaches_the_launcher(monkeypatch, flag, want):
+    import dssync.lab.elastic.launch as launch
+
+    seen = {}
+
+    def fake(cfg, workers, **kw):
+        seen.update(kw)
+        raise launch.ElasticRunFailed("stop here")
+
+    monkeypatch.setattr(launch, "run_elastic", fake)
+    CliRunner().invoke(cli, ["train", "--elastic", *DIGITS, *flag])
+    assert seen["heartbeat_ms"] == want
 
 
 @pytest.mark.slow

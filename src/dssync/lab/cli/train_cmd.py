@@ -83,6 +83,14 @@ if TYPE_CHECKING:
     help="--elastic: join this torchft Lighthouse (http://HOST:PORT) instead of starting one.",
 )
 @click.option(
+    "--heartbeat-ms",
+    type=click.IntRange(100),
+    default=None,
+    help="--elastic: the Lighthouse's heartbeat timeout: a replica silent this long is left out "
+    "of the next quorum, which waits that long after a loss (default 2000; torchft's 5000). "
+    "Not with --lighthouse: a Lighthouse elsewhere has its own.",
+)
+@click.option(
     "--chaos-every",
     "chaos_every_s",
     type=click.FloatRange(min=0, min_open=True),
@@ -113,6 +121,7 @@ def train(
     min_replicas: int | None,
     restart_delay_s: float,
     lighthouse: str | None,
+    heartbeat_ms: int | None,
     chaos_every_s: float | None,
     chaos_seed: int,
     log_dir: str | None,
@@ -129,14 +138,21 @@ def train(
             from dssync.lab.elastic.launch import Chaos
 
             chaos = Chaos(every_s=chaos_every_s, seed=chaos_seed)
+        if heartbeat_ms is not None and lighthouse is not None:
+            raise click.UsageError(
+                "--heartbeat-ms sets the Lighthouse this run starts; with --lighthouse URL, set "
+                "heartbeat_timeout_ms where that Lighthouse is started"
+            )
         return train_elastic(
-            cfg, workers, min_replicas, restart_delay_s, lighthouse, log_dir, json_path, chaos
-        )
+            cfg, workers, min_replicas, restart_delay_s, lighthouse, log_dir, json_path, chaos,
+            heartbeat_ms,
+        )  # fmt: skip
     given = [
         f
         for f, v in (
             ("--min-replicas", min_replicas),
             ("--lighthouse", lighthouse),
+            ("--heartbeat-ms", heartbeat_ms),
             ("--chaos-every", chaos_every_s),
             ("--log-dir", log_dir),
         )
@@ -163,9 +179,10 @@ def train_elastic(
     log_dir: str | None,
     json_path: str | None,
     chaos: Chaos | None = None,
+    heartbeat_ms: int | None = None,
 ) -> None:
     """``--elastic``: the run on torchft's launcher, one line per event, then its summary."""
-    from dssync.lab.elastic.launch import run_elastic
+    from dssync.lab.elastic.launch import HEARTBEAT_MS, run_elastic
 
     if cfg.sync == "dssync":
         cfg = replace(cfg, sync="elastic-dssync")
@@ -193,6 +210,7 @@ def train_elastic(
         folder=log_dir,
         say=lambda line: console.print(f"  {line}"),
         chaos=chaos,
+        heartbeat_ms=heartbeat_ms or HEARTBEAT_MS,
     )
     e = summary["elastic"]
     restarts = sum(e["restarts"].values())
