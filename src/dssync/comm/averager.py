@@ -245,8 +245,11 @@ class Router:
         residuals = self.residuals.like(every) if self.codec.name != "fp32" else []
         device = every[0].device if every else torch.device("cpu")
         made = len(group) == self.size or tuple(group) in self.groups  # a collective's group
-        # what a "no" must give back, where the transfer cannot stop before it changes it
-        keep = every if made or not reads_free(device) else []
+        # what a "no" must give back, where the transfer cannot stop before it changes it: on
+        # the CPU both paths read the verdict before any value changes (Transport.average),
+        # but a global average on a lossy wire adds the residuals in first (below)
+        exact = bool(residuals) and kind == ALL
+        keep = every if exact or not reads_free(device) else []
         saved = [t.clone() for t in [*keep, *residuals]]
         kept = [*keep, *residuals]
         if residuals and kind == ALL:  # one exact average: what the encodings lost comes back
