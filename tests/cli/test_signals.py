@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import alive, children
+from process_tree import alive, children
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}

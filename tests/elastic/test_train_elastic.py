@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from dssync.lab.cli import cli
 from dssync.lab.elastic.launch import Lighthouse
 from dssync.lab.launch import run_contained
-from procs import alive, children
+from process_tree import alive, children
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
