@@ -1,7 +1,8 @@
 """Write docs/time-to-train.md, the README's result block and docs/accuracy.md from result files.
 
-docs/results/*.json are the races on the emulated cluster (time to train); docs/results/accuracy/
-holds comparisons on loopback (what each setting costs in accuracy).
+docs/results/*.json are the races on the emulated cluster (time to train), docs/results/lm-races/
+the same for the language model (shown first in the README); docs/results/accuracy/ holds
+comparisons on loopback (what each setting costs in accuracy).
 
 Each result file is the ``summary.json`` of one ``dssync compare`` run (copied with its plot
 ``<name>.png`` beside it); it records its command, date and commit, so every figure on the page
@@ -34,6 +35,9 @@ EARLIER = RESULTS / "earlier"
 # Races of a setting's grid (the outer rate or the group size, one value per race), given alike
 # to DS-Sync and the method it races; kept apart from the tables above and the README's block.
 GRID = RESULTS / "grid"
+# Races of the language model (a transformer trained with AdamW): the README's block shows them
+# first; the mnist races above stay in the page.
+LM = RESULTS / "lm-races"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -138,6 +142,7 @@ def page(
     found: dict[str, dict],
     earlier: dict[str, dict] | None = None,
     grid: dict[str, dict] | None = None,
+    lm: dict[str, dict] | None = None,
 ) -> str:
     lines = [
         "# Time to train",
@@ -161,8 +166,22 @@ def page(
         "there would pay once for its model (BSP's replicas are equal: nothing to add).",
         "",
     ]
+    lines += _part(
+        "The language model",
+        "`lm`: a 2-layer byte-level transformer (120,576 parameters) on CPython's own sources, "
+        "trained with AdamW, warm-up and cosine decay ([Adam and AdamW](guide/adam.md) says "
+        "what DS-Sync does with Adam). Its model is small against its compute, so these "
+        "clusters' links cost it less than they cost the wide MLP below.",
+        lm,
+        "results/lm-races",
+    )
+    if lm:
+        lines += ["## mnist at hidden=2048", ""]
     for name, summary in found.items():
-        lines += section(name, summary)
+        lines += [
+            line.replace("## ", "### ", 1) if lm and line.startswith("## ") else line
+            for line in section(name, summary)
+        ]
     lines += _part(
         "Settings tuned alike",
         "DiLoCo on int8 and DS-Sync with DiLoCo's outer step, each race with one setting "
@@ -198,7 +217,10 @@ def readme_block(found: dict[str, dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     by_cluster: dict[tuple, list[tuple[str, dict]]] = {}
-    for name, s in sorted(found.items(), key=lambda kv: kv[1]["meta"].get("date", "")):
+    def order(kv: tuple[str, dict]) -> tuple:  # the language model's races first, then by date
+        return (kv[1]["meta"].get("workload") != "lm", kv[1]["meta"].get("date", ""))
+
+    for name, s in sorted(found.items(), key=order):
         m = s["meta"]
         key = (m["where"], m["workload"], m.get("epochs"), s["target"])
         by_cluster.setdefault(key, []).append((name, s))
@@ -280,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     found = results()
     pages = {
-        PAGE: page(found, results(EARLIER), results(GRID)),
-        README: with_block(README.read_text(), readme_block(found)),
+        PAGE: page(found, results(EARLIER), results(GRID), results(LM)),
+        README: with_block(README.read_text(), readme_block({**{f"lm/{k}": v for k, v in results(LM).items()}, **found})),
         ACCURACY_PAGE: accuracy_page(results(ACCURACY)),
     }
     if a.check:

@@ -69,3 +69,12 @@ def test_the_readme_block_shows_each_clusters_newest_race_and_borrows_bsp_only_s
     assert "| race aaa | 50.0 s |" in own  # its own BSP: nothing borrowed
     never = _race("2026-12-04 10:00", "ccc", {"bsp": None, "diloco": 3.0, "dssync-topo": 2.5})
     assert "race ccc" not in results_page.readme_block({"never": never})  # no BSP time: no row
+
+
+def test_the_language_models_races_come_first_in_the_readme_block():
+    mnist = _race("2026-12-06 10:00", "mmm", {"bsp": 50.0, "diloco": 3.0, "dssync-topo": 2.5})
+    lm = _race("2026-12-05 10:00", "lll", {"bsp": 40.0, "diloco": 30.0, "dssync-topo": 20.0})
+    lm["meta"]["workload"] = "lm"
+    block = results_page.readme_block({"s2": mnist, "lm/s2": lm})
+    rows = [r for r in block.splitlines() if r.startswith("| race")]
+    assert [r.split(" |")[0] for r in rows] == ["| race lll", "| race mmm"]
