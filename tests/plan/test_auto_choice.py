@@ -211,3 +211,18 @@ def test_a_whole_rack_pick_sends_int8_over_a_slow_uplink_unless_wire_says_otherw
     assert picked(pick) == "dssync-topo-local:every=16:outer=nesterov:group-size=4:wire=int8"
     kept = Decision("dssync-topo-local", "why", 0.01, s2)  # from before auto picked the wire
     assert _effective(kept, "wire") == "fp32"
+
+
+@pytest.mark.parametrize("name", ["s1-homogeneous", "s2-inter-rack", "s3-slow-host"])
+def test_after_adam_auto_averages_every_step_in_the_optimizers_step(name):
+    topo = load_cluster(name).topology()
+    for compute_s in (0.017, 0.19):  # mnist's step here; lm's on 8 workers
+        sgd = choose(topo, MNIST_2048, compute_s=compute_s)
+        adam = choose(topo, MNIST_2048, compute_s=compute_s, adaptive=True)
+        assert sgd.method.endswith("-local") or sgd.method in ("diloco", "dssync-topo-overlap")
+        assert adam.method in {"dssync-topo", "dssync", "bsp", "hierarchical"}, adam.reason
+        assert adam.every is None and adam.outer is None
+        assert "after Adam-family steps: no local steps, no overlap" in adam.reason
+    given = choose(topo, MNIST_2048, compute_s=0.017, adaptive=True, every=16)
+    assert given.method.endswith("-local") or given.method == "diloco"  # --every 16 stands
+    assert given.every == 16 and "no local steps" not in given.reason

@@ -247,6 +247,7 @@ def _auto(
         repeat=cfg.replan or DEFAULT_MAX_EVERY,
         group_size=cfg.group_size,
         wire=cfg.wire,
+        adaptive=is_adaptive(opt),
     )
     chosen = with_pick(cfg, c.method, c.every, c.outer, c.group_size, c.wire)
     return get_method(c.method).build(configure(chosen), module, opt, topology)

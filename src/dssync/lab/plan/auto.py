@@ -40,6 +40,14 @@ alike (docs/time-to-train.md). After an Adam-family optimizer's steps it applies
 validation loss at every=16 and 44.5% at every=4, against 3.1% and 6.9% without one
 (docs/guide/adam.md). The local-SGD candidate is therefore ``diloco``.
 
+After an Adam-family optimizer's steps (``adaptive=True``) auto averages every step, in the
+optimizer's step (``average_grads``): it leaves out the local-step presets unless ``--every``
+is given, and overlap, which merges after the step. On ``lm`` at 8 workers the local-step pick
+(topology-aware pairs averaging every 16 steps, no outer step) reached the validation target on
+no seed of S2 in 320 steps, where BSP and topology-aware DS-Sync every step reached it
+(docs/time-to-train.md, "The language model"); at equal steps local steps with AdamW lost
+3-7% (docs/guide/adam.md).
+
 The rule assumes the candidates need about as many steps to the target as BSP does; the
 time-to-train tables (docs/time-to-train.md) check it on each shipped scenario, local steps
 included. A user whose model needs an average every step passes ``--every 1``, which the chosen
@@ -194,6 +202,7 @@ def choose(
     group_size: int | None = None,
     wire: str | None = None,
     spell: Callable[[str], str] | None = None,
+    adaptive: bool = False,
 ) -> Choice:
     """The method predicted fastest for a model of ``params`` float32 parameters whose step
     computes in ``compute_s`` on ``topology`` (rates as probed; unknown rates are taken as
@@ -203,9 +212,12 @@ def choose(
     its groups' size (default: :func:`rack_groups`) and ``wire`` (``--wire``) what a whole-rack
     pick sends (default :data:`RACK_WIRE`). ``spell(option)`` is how the reason names an option
     that was given (default: the CLI's flag, ``--every``; :func:`dssync.lab.auto` passes
-    ``every=``)."""
+    ``every=``). ``adaptive``: the optimizer is Adam-family, which leaves out overlap and, unless
+    ``every`` is given, the local-step presets (module docstring)."""
     spell = spell or flag
     fixed = every
+    adam = adaptive and fixed is None  # local steps left out: the reason says why
+    local = local and not adam
     shaped = canonical(topology)
     if shaped is None:
         return Choice(
@@ -223,7 +235,7 @@ def choose(
     preds = tuple(p for p in by.values() if p.method in CANDIDATES)
     blocking = min((p for p in preds if "overlapped" not in p.method), key=lambda p: p.iter_s)
     best = blocking
-    over = by.get("dssync-topo overlapped")
+    over = None if adaptive else by.get("dssync-topo overlapped")
     if over is not None and over.iter_s <= OVERLAP_GAIN * blocking.iter_s:
         best = over
     ddp = by["ddp"]
@@ -270,6 +282,12 @@ def choose(
                     f", sent in {sent} (the uplink is under {UPLINK_SHARE:.0%} of a host's rate; "
                     "the prediction is for fp32)"
                 )
+    if adaptive:
+        how += (
+            "; after Adam-family steps: "
+            + ("no local steps, " if adam else "")
+            + "no overlap (the average lands in the optimizer's step)"
+        )
     reason = (
         f"{method}: predicted {_ms(best.iter_s)} per iteration "
         f"({_ms(best.sync_s)} of averaging{how}) "

@@ -56,6 +56,7 @@ from dssync.lab.train.data import RankData
 from dssync.lab.train.device import to_device
 from dssync.schedules.topology import DEFAULT_MAX_EVERY
 from dssync.strategies import DSSync
+from dssync.strategies.before_step import is_adaptive
 from dssync.topology import Topology, detect
 
 AUTO = "auto"
@@ -191,7 +192,13 @@ def _newest_pick(folder: str) -> dict[str, Any] | None:
     return None
 
 
-def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device) -> Decision:
+def decide(
+    cfg: TrainConfig,
+    data: RankData,
+    module: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Decision:
     """The method ``--sync auto`` runs for ``cfg`` here (all ranks call this alike)."""
     dtype = next(module.parameters()).dtype
     kept = saved_pick(cfg)
@@ -201,7 +208,7 @@ def decide(cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.de
         return replay(kept, topo, cfg)
     compute_s = compute_time(data, module, device, cfg.timeout_s)
     topo = detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
-    return pick(cfg, topo, module, compute_s)
+    return pick(cfg, topo, module, compute_s, adaptive=is_adaptive(optimizer))
 
 
 def replay(
@@ -226,11 +233,17 @@ def replay(
 
 
 def pick(
-    cfg: TrainConfig, topology: Topology, module: nn.Module, compute_s: float, by: str = AUTO_FLAG
+    cfg: TrainConfig,
+    topology: Topology,
+    module: nn.Module,
+    compute_s: float,
+    by: str = AUTO_FLAG,
+    adaptive: bool = False,
 ) -> Decision:
     """What the planner (:func:`dssync.lab.plan.auto.choose`) picks for ``module`` on
     ``topology`` at ``compute_s`` a pass, with the options ``cfg`` gives (``every``, ``outer``,
-    ``group_size``, ``wire``, ``replan``; None: the planner's)."""
+    ``group_size``, ``wire``, ``replan``; None: the planner's); ``adaptive``: an Adam-family
+    optimizer steps the module."""
     from dssync.lab.plan.auto import choose
 
     floats = [b for b in module.buffers() if b.is_floating_point()]
@@ -248,6 +261,7 @@ def pick(
         group_size=cfg.group_size,
         wire=cfg.wire,
         spell=None if by == AUTO_FLAG else (lambda option: f"{option}="),
+        adaptive=adaptive,
     )
     return Decision(
         choice.method,
@@ -272,7 +286,11 @@ def apply(cfg: TrainConfig, decision: Decision) -> tuple[TrainConfig, Decision]:
 
 
 def resolve(
-    cfg: TrainConfig, data: RankData, module: nn.Module, device: torch.device
+    cfg: TrainConfig,
+    data: RankData,
+    module: nn.Module,
+    device: torch.device,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> tuple[TrainConfig, Decision | None]:
     """``cfg`` with ``sync`` set to the chosen method when it says ``auto`` (else as it is); the
     options given (``--every`` etc.) reach the chosen method if it takes them, and a local-step
@@ -280,7 +298,7 @@ def resolve(
     records the ones the run uses (None: the method's own)."""
     if cfg.sync != AUTO:
         return cfg, None
-    decision = decide(cfg, data, module, device)
+    decision = decide(cfg, data, module, device, optimizer)
     if decision.kept_from is not None:
         clash = [
             f"--{k.replace('_', '-')} {getattr(cfg, k)} "
@@ -394,7 +412,7 @@ def auto(
     else:
         compute_s = _measured(module, measure, device, process_group, timeout_s)
         topo = detect(process_group, probe=probe, timeout_s=timeout_s, device=device, dtype=dtype)
-        decision = pick(cfg, topo, module, compute_s, by="auto()")
+        decision = pick(cfg, topo, module, compute_s, by="auto()", adaptive=is_adaptive(optimizer))
     cfg, decision = apply(cfg, decision)
     method = get_method(cfg.sync)
     if not method.preset:

@@ -109,7 +109,7 @@ def build(
     torch.manual_seed(cfg.seed)
     module = data.wl.model().to(device)
     optimizer = data.wl.optimizer(module.parameters())
-    cfg, decision = resolve(cfg, data, module, device)
+    cfg, decision = resolve(cfg, data, module, device, optimizer)
     if decision is not None and rank == 0:
         print(decision.line(), file=sys.stderr, flush=True)
     topology = decision.topology if decision is not None else None
