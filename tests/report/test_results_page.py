@@ -78,3 +78,14 @@ def test_the_language_models_races_come_first_in_the_readme_block():
     block = results_page.readme_block({"s2": mnist, "lm/s2": lm})
     rows = [r for r in block.splitlines() if r.startswith("| race")]
     assert [r.split(" |")[0] for r in rows] == ["| race lll", "| race mmm"]
+
+
+def test_a_race_no_other_remedy_finished_says_so_and_a_seed_short_ranks_behind():
+    race = _race("2026-12-06 10:00", "nnn", {"bsp": 50.0, "diloco": None, "dssync": 50.0})
+    race["methods"]["dssync-topo"] = dict(race["methods"]["dssync"])
+    race["methods"]["dssync"]["times_to_target_s"] = [49.0, 50.0, 51.0]
+    race["methods"]["dssync-topo"]["times_to_target_s"] = [40.0, None, 55.0]  # median: 55
+    race["methods"]["dssync-topo"]["time_to_target"] = {"median": 47.5, "min": 40, "max": 55}
+    rows = [r for r in results_page.readme_block({"r": race}).splitlines() if "race nnn" in r]
+    assert len(rows) == 1
+    assert "| dssync 1.00x | none of diloco reached the target | n/a |" in rows[0]
