@@ -42,11 +42,11 @@ validation loss at every=16 and 44.5% at every=4, against 3.1% and 6.9% without 
 
 After an Adam-family optimizer's steps (``adaptive=True``) auto averages every step, in the
 optimizer's step (``average_grads``): it leaves out the local-step presets unless ``--every``
-is given, and overlap, which merges after the step. On ``lm`` at 8 workers the local-step pick
-(topology-aware pairs averaging every 16 steps, no outer step) reached the validation target on
-no seed of S2 in 320 steps, where BSP and topology-aware DS-Sync every step reached it
-(docs/time-to-train.md, "The language model"); at equal steps local steps with AdamW lost
-3-7% (docs/guide/adam.md).
+is given, and overlap, which merges after the step. On ``lm`` at 8 workers on S2 the local-step
+pick (topology-aware groups of a whole rack averaging every 4 steps in int8, no outer step)
+reached the validation target on no seed of three in 320 steps, nor did DiLoCo or local SGD,
+where BSP and DS-Sync's pairs every step reached it on every seed (docs/time-to-train.md, "The
+language model"); at equal steps local steps with AdamW lost 3-7% (docs/guide/adam.md).
 
 The rule assumes the candidates need about as many steps to the target as BSP does; the
 time-to-train tables (docs/time-to-train.md) check it on each shipped scenario, local steps
