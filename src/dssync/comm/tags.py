@@ -148,6 +148,8 @@ def finite_of(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
     apart on the error path."""
     if not buffers:
         return torch.ones((), dtype=torch.int64)
+    if len(buffers) == 1:  # the usual case (one bucket): no stack
+        return buffers[0].sum(dtype=torch.float32).isfinite().to(torch.int64)
     sums = torch.stack([b.sum(dtype=torch.float32) for b in buffers])
     return sums.isfinite().all().to(torch.int64)
 
@@ -224,15 +226,15 @@ def _mirror(device: torch.device) -> _Mirror:
 class Verdict:
     """Whether an averaging may be applied: every tag equal to this rank's, every sender finite.
 
-    ``go`` is a boolean on the device; every member computes it from the same tags, so all
-    agree. :meth:`known` reads its host mirror only where that costs no wait (None otherwise);
+    ``go`` is a boolean on the device (on the CPU, a host ``bool`` read from the tags' few
+    integers); every member computes it from the same tags, so all agree. :meth:`known` reads its host mirror only where that costs no wait (None otherwise);
     :meth:`check` raises the :class:`SyncError` a ``False`` verdict means (waiting for the mirror
     if it must: call it where the code already waits, or one averaging later).
     """
 
     def __init__(
         self,
-        go: torch.Tensor,
+        go: torch.Tensor | bool,
         tag: Tag,
         group: list[int],
         rank: int,
@@ -242,6 +244,10 @@ class Verdict:
     ) -> None:
         self.go, self.tag, self.group, self.rank = go, tag, list(group), rank
         self._sent, self._theirs, self._reduced = sent, theirs, reduced
+        if isinstance(go, bool):  # read on the host already (the CPU): no mirror
+            self._host: bool | None = go
+            return
+        self._host = None
         self._mirror = _mirror(go.device)
         self._slot = self._mirror.put(go)
 
@@ -255,6 +261,11 @@ class Verdict:
         rank: int,
     ) -> Verdict:
         """From each peer's received tag (``theirs``) and this rank's (``sent``)."""
+        if reads_free(sent.device):  # a few host integers: no tensor ops to build a boolean
+            mine = sent.tolist()
+            rows = [mine, *(t.tolist() for t in theirs.values())]
+            go = all(r[:FINITE] == mine[:FINITE] and r[FINITE] == 1 for r in rows)
+            return cls(go, tag, group, rank, sent, theirs=theirs)
         tags = torch.stack([sent, *theirs.values()])
         same = (tags[:, :FINITE] == sent[:FINITE]).all()
         go = same & (tags[:, FINITE] == 1).all()
@@ -266,6 +277,11 @@ class Verdict:
     ) -> Verdict:
         """From a MAX-reduced :meth:`Tag.signed` tensor followed by one slot per member of
         ``group`` (1 where that member's values are not finite); ``sent`` is this rank's."""
+        if reads_free(sent.device):
+            got, mine = reduced.tolist(), sent.tolist()[:FINITE]
+            high, low = got[:FINITE], [-v for v in got[FIELDS : FIELDS + FINITE]]
+            go = high == mine and low == mine and not any(got[2 * FIELDS :])
+            return cls(go, tag, group, rank, sent, reduced=reduced)
         high, low = reduced[:FINITE], reduced[FIELDS : FIELDS + FINITE].neg()
         same = (high == sent[:FINITE]).all() & (low == sent[:FINITE]).all()
         go = same & (reduced[2 * FIELDS :] == 0).all()
@@ -273,12 +289,16 @@ class Verdict:
 
     def known(self) -> bool | None:
         """The verdict if the host can have it without waiting for a device, else None."""
+        if self._host is not None:
+            return self._host
         if not reads_free(self.go.device) or not self._mirror.ready(self._slot):
             return None
         return self._mirror.read(self._slot)
 
     def ok(self) -> bool:
         """The verdict, waiting for its copy to the host if it must."""
+        if self._host is not None:
+            return self._host
         return self._mirror.read(self._slot)
 
     def nonfinite(self) -> list[int]:
