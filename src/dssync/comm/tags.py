@@ -227,8 +227,8 @@ class Verdict:
     """Whether an averaging may be applied: every tag equal to this rank's, every sender finite.
 
     ``go`` is a boolean on the device (on the CPU, a host ``bool`` read from the tags' few
-    integers); every member computes it from the same tags, so all agree. :meth:`known` reads its host mirror only where that costs no wait (None otherwise);
-    :meth:`check` raises the :class:`SyncError` a ``False`` verdict means (waiting for the mirror
+    integers); every member computes it from the same tags, so all agree. :meth:`known` reads
+    its host mirror only where that costs no wait (None otherwise); :meth:`check` raises the :class:`SyncError` a ``False`` verdict means (waiting for the mirror
     if it must: call it where the code already waits, or one averaging later).
     """
 
