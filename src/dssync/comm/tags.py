@@ -228,8 +228,9 @@ class Verdict:
 
     ``go`` is a boolean on the device (on the CPU, a host ``bool`` read from the tags' few
     integers); every member computes it from the same tags, so all agree. :meth:`known` reads
-    its host mirror only where that costs no wait (None otherwise); :meth:`check` raises the :class:`SyncError` a ``False`` verdict means (waiting for the mirror
-    if it must: call it where the code already waits, or one averaging later).
+    its host mirror only where that costs no wait (None otherwise); :meth:`check` raises the
+    :class:`SyncError` a ``False`` verdict means (waiting for the mirror if it must: call it
+    where the code already waits, or one averaging later).
     """
 
     def __init__(
