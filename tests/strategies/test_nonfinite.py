@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dssync import DSSync, Global, Shuffle
-from dssync.errors import SyncError
+from dssync import DSSync, Global, Options, Shuffle
+from dssync.errors import SyncError, UsageError
 from dssync.lab.launch import spawn
 
 BAD = 1  # the rank whose weights go bad
@@ -201,3 +201,28 @@ def test_skip_mode_warns_once_and_trains_on(wire, forced):
         for a, b in zip(out["weights"], outs[0]["weights"], strict=True):
             assert torch.equal(a, b)  # average_all still leaves every rank alike
     assert "rank(s) [1] had non-finite values" in outs[BAD]["said"][0]
+
+
+def _spreads() -> dict:
+    rank = dist.get_rank()
+    model = _model()
+    sync = DSSync(model, timeout_s=20, nonfinite="spread")  # 2 ranks: one global pair
+    with torch.no_grad():
+        if rank == BAD:
+            model[0].weight[2, 3] = math.nan
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        sync.step()  # no check: the NaN goes out, as with DDP, and nothing is said
+    out = {"nan": bool(model[0].weight[2, 3].isnan()), "said": [str(w.message) for w in seen]}
+    sync.close()
+    return out
+
+
+def test_spread_mode_does_not_look_and_the_nan_reaches_the_partner():
+    for rank, out in enumerate(spawn(_spreads, 2, timeout_s=120)):
+        assert out == {"nan": True, "said": []}, rank
+
+
+def test_an_unknown_nonfinite_mode_names_the_three():
+    with pytest.raises(UsageError, match="choose 'raise', 'skip' or 'spread'"):
+        Options(nonfinite="ignore").check()

@@ -32,7 +32,8 @@ is used; on a device the Router keeps copies and selects them back on the device
 next averaging. Nothing in a steady-state averaging reads the device on the host.
 ``nonfinite="raise"`` then raises :class:`~dssync.errors.SyncError` on every member (the rank
 at fault names itself, the step and the tensor; the others name it); ``"skip"`` warns once and
-goes on.
+goes on; ``"spread"`` does not look (as DDP: a NaN reaches the group), which saves one read
+of the buffers per averaging.
 Tensors that already are flat bucket views (``DSSync``'s parameters) are averaged in place;
 others (optimizer state, a torch averager's parameters) are packed, averaged in the same call,
 and unpacked: one flatten/reduce/copy routine for every strategy.
@@ -77,7 +78,8 @@ from dssync.schedules.base import WHOLE, Part, part_slice
 
 MAX_GROUPS = 256  # process groups one Router makes at most; beyond, groups go point to point
 PAIRS = ("exchange", "all_reduce")
-NONFINITE = ("raise", "skip")  # what a Router does when a member's values are not finite
+# what a Router does when a member's values are not finite ("spread": it does not look)
+NONFINITE = ("raise", "skip", "spread")
 
 
 class Router:
@@ -111,8 +113,9 @@ class Router:
     ) -> None:
         if nonfinite not in NONFINITE:
             raise UsageError(
-                f"nonfinite={nonfinite!r}: choose 'raise' (stop with SyncError) or 'skip' (keep "
-                "every member's own values for that averaging and go on)"
+                f"nonfinite={nonfinite!r}: choose 'raise' (stop with SyncError), 'skip' (keep "
+                "every member's own values for that averaging and go on) or 'spread' (no check, "
+                "as DDP: a NaN reaches the group)"
             )
         self.nonfinite = nonfinite
         self._warned = False
@@ -262,7 +265,8 @@ class Router:
             residuals = [e[part_slice(e.numel(), part)] for e in residuals]
         collective = made and not residuals
         tag = Tag(kind, step, layout_of(every, part))
-        finite = finite_of(every)  # on the device; it travels in the tag
+        # on the device; it travels in the tag ("spread": nothing read, every tag says finite)
+        finite = finite_of(every) if self.nonfinite != "spread" else None
         made_pg = None
         if collective:
             made_pg = self.parent if len(group) == self.size else self.groups[tuple(group)]

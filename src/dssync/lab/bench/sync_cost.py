@@ -68,18 +68,26 @@ def measure(
     seed: int = 0,
     bucket_mb: float = 25.0,
     wire: str = "fp32",
+    nonfinite: str = "raise",
 ) -> dict[str, Any]:
     """Run on every rank of an initialized process group; returns medians in seconds.
 
     With a compressed ``wire`` the DS-Sync step sends that format; ``encode_s`` is then what the
     format costs on this rank alone per step (encode with the residual, decode its own and one
     peer's message, and the group mean), the part that ``dssync / raw_exchange`` adds beyond
-    the smaller transfer."""
+    the smaller transfer. ``nonfinite="spread"`` times the step without its finiteness check
+    (one read of the buffers), which no raw method makes."""
     world, rank = dist.get_world_size(), dist.get_rank()
     schedule = Shuffle(group_size, seed=seed, repeat=8)
     torch.manual_seed(0)
     model = FlatModel(numel)
-    sync = DSSync(model, schedule=schedule, bucket_bytes=int(bucket_mb * 2**20), wire=wire)
+    sync = DSSync(
+        model,
+        schedule=schedule,
+        bucket_bytes=int(bucket_mb * 2**20),
+        wire=wire,
+        nonfinite=nonfinite,
+    )
     codec, residual = codec_for(wire), torch.zeros(numel)
 
     raw_groups: dict[tuple[int, ...], Any] = {}
@@ -206,6 +214,7 @@ def measure(
         "steps": steps,
         "bucket_mb": bucket_mb,
         "wire": wire,
+        "nonfinite": nonfinite,
         "wire_bytes": codec.nbytes(numel),
         "encode_s": med["encode"],
         "raw_s": med["raw"],

@@ -57,8 +57,17 @@ from dssync.lab.launch import spawn
     show_default=True,
     help="What DS-Sync sends (repeat the option to measure several in one run).",
 )
+@click.option(
+    "--nonfinite",
+    type=click.Choice(["raise", "spread"]),
+    default="raise",
+    show_default=True,
+    help="The step's finiteness check: 'raise' (on, the default) or 'spread' (off, to time it).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires, json_path) -> None:
+def bench_sync(
+    numel, worker_counts, group_size, steps, bucket_mb, scale, wires, nonfinite, json_path
+) -> None:
     """Time one DS-Sync averaging step against a raw all_reduce on the same groups and DDP."""
     if scale:
         rows = []
@@ -76,7 +85,7 @@ def bench_sync(numel, worker_counts, group_size, steps, bucket_mb, scale, wires,
         for world in worker_counts:
             for wire in wires:
                 console.print(f"measuring {world} workers, {n:,} parameters, wire {wire} ...")
-                args = (n, group_size, steps, 0, bucket_mb, wire)
+                args = (n, group_size, steps, 0, bucket_mb, wire, nonfinite)
                 size_rows.append(spawn(measure, world, args=args, timeout_s=1800)[0])
         _print_size(n, steps, size_rows)
         rows += size_rows
