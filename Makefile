@@ -36,7 +36,7 @@ test: install
 
 # Everything, the slow end-to-end runs included (what CI runs after the lint).
 test-all: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # What CI runs (.ci/run): lint, every test, the docs, and the wheel in a venv with torch alone.
 ci: lint test-all docs wheel-check
