@@ -89,3 +89,8 @@ def test_a_race_no_other_remedy_finished_says_so_and_a_seed_short_ranks_behind()
     rows = [r for r in results_page.readme_block({"r": race}).splitlines() if "race nnn" in r]
     assert len(rows) == 1
     assert "| dssync 1.00x | none of diloco reached the target | n/a |" in rows[0]
+    # the fastest missed a seed: its ratio (over the seeds that reached it) says so
+    race["methods"]["dssync"]["times_to_target_s"] = [60.0, 61.0, 62.0]
+    race["methods"]["dssync"]["time_to_target"] = {"median": 61.0, "min": 60, "max": 62}
+    rows = [r for r in results_page.readme_block({"r": race}).splitlines() if "race nnn" in r]
+    assert "| dssync-topo 0.95x (2/3 seeds) |" in rows[0]
