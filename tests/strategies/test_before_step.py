@@ -171,3 +171,43 @@ def test_join_serves_a_group_that_averages_at_the_step(every):
     assert [(s, n) for s, n, _ in out] == [(4, 4 // every)] * 2
     for a, b in zip(out[0][2], out[1][2], strict=True):
         assert torch.equal(a, b)
+
+
+def _moments_after_pairs(every: int) -> dict:
+    """4 ranks, AdamW, Shuffle(2): three averagings (the last in the last step), then the
+    global average."""
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sync = DSSync(model, schedule=Shuffle(2, seed=0), optimizer=opt, every=every, timeout_s=60)
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(rank))
+    for _ in range(3 * every):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    moments = lambda: [s["exp_avg"].clone() for s in opt.state.values()]  # noqa: E731
+    out = {"moments": moments(), "group": sync.schedule.partition(2, 4)}
+    sync.average_all()
+    out["all"] = moments()
+    sync.close()
+    return out
+
+
+@pytest.mark.parametrize("every,travel", [(1, False), (2, True)])
+def test_moments_stay_per_rank_when_gradients_are_averaged_every_step(every, travel):
+    """At every=1 a step's averaging sends parameters and gradients, not the moments (half the
+    bytes; docs/guide/adam.md): the last pair stepped on one mean gradient from moments of its
+    own. With local steps the moments travel: the pair averaged them, then took the same step.
+    average_all sends them either way."""
+    outs = spawn(_moments_after_pairs, 4, args=(every,), timeout_s=120)
+    a, b = outs[0]["group"][0]
+    same = all(
+        torch.equal(x, y) for x, y in zip(outs[a]["moments"], outs[b]["moments"], strict=True)
+    )
+    assert same == travel
+    for out in outs:
+        for x, y in zip(out["all"], outs[0]["all"], strict=True):
+            assert torch.equal(x, y)

@@ -9,12 +9,15 @@ the moments keeps the noise (it averages ``g_i^2``, not ``mean(g)^2``).
 
 With ``average_grads=True`` the averaging moves from after the optimizer's step to just before
 it, hooked on the optimizer's step (``register_step_pre_hook``, as torchft hooks its inner
-optimizer): the group averages its parameters, its optimizer state and its gradients in ONE
-message, then every member steps from the same point with the same moments and the same
-gradient. In a group of two ranks that is DDP's step exactly; in pairs that change (Shuffle(2)
-on more ranks) each step's second moment sees the pair's mean gradient. The bytes per averaging
-are the parameters' once more (for AdamW with ``optimizer=``: parameters, two moments and the
-gradients, 4x the parameters' bytes instead of 3x).
+optimizer): the group averages its parameters and its gradients in ONE message, then every
+member steps from the same point with the same gradient. Averaging every step, each rank keeps
+its own moments, fed the group's mean gradients (and the second moment corrected, below): on
+the ``lm`` workload at four ranks that came within 0.02% of DDP's validation loss, against
+0.30% with the moments averaged too, at half the bytes (2x the parameters' bytes instead of 4x;
+docs/guide/adam.md). With local steps (``every`` > 1) or an outer step the optimizer state
+travels as well. In a group of two ranks that is DDP's step exactly (every rank's moments were
+fed the same gradients); in pairs that change (Shuffle(2) on more ranks) each step's second
+moment sees the pair's mean gradient.
 
 A rank that steps without calling ``optimizer.step()`` (a rank out of data under ``Join``, which
 serves its groups) sends zeros for its gradients, as a joined DDP rank does.

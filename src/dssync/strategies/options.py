@@ -201,7 +201,8 @@ class Options:
         fragments: average one of this many fragments of every buffer per averaging, in
             rotation (:class:`~dssync.schedules.Fragments`).
         average_grads: average inside ``optimizer.step()``, before it steps, with the gradients
-            in the same message as the parameters and optimizer state
+            in the same message as the parameters (and the optimizer state when ``every`` > 1
+            or with ``outer``; at ``every=1`` the moments stay per rank)
             (:mod:`~dssync.strategies.before_step`). None (default): on for an Adam-family
             ``optimizer=`` (not with ``overlap``). Costs the gradients' bytes.
         average_buffers: also average floating buffers (batch-norm running mean and variance).
