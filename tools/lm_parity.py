@@ -10,9 +10,11 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
     grads         DSSync(Shuffle(2), optimizer=opt, average_grads=True), the second moment's
                   correction off: gradients, parameters and moments averaged in one message
                   before the step
-    grads-v       as grads, with the correction of the second moment (the default for Adam:
-                  what DSSync(optimizer=AdamW(...)) runs; the same as grads in one pair)
+    grads-v       as grads, with the correction of the second moment (the default for Adam
+                  until 2026-12-07; the same as grads in one pair)
     grads-nomom   as grads, the moments not averaged (optimizer state stays per rank)
+    grads-v-nomom as grads-v, the moments not averaged: parameters and gradients only (2P); the
+                  default for Adam since 2026-12-07 (what DSSync(optimizer=AdamW(...)) runs)
     noopt         DSSync(Shuffle(2)) without optimizer= (parameters only, after the step)
     local16       every=16, parameters and moments averaged (average_grads=False)
     local16-grads every=16, average_grads=True with the correction (the default for Adam)
@@ -27,6 +29,7 @@ globally (``average_all``) and evaluates the validation loss on rank 0. Settings
                   moment at least k/W of the squared mean, not the running average)
     ddp-half      DDP on half of each rank's batch (the gradient noise of a pair's mean at
                   twice the ranks: what the effective batch alone would cost)
+Every DSSync setting but the two ``nomom`` ones sends the optimizer's state in every averaging.
 
 Rows of DSSync settings carry ``consensus``: the mean consensus distance
 (``dssync.consensus_distance``) after every 16th step; every row carries ``clipped``: the
@@ -67,6 +70,7 @@ SETTINGS = (
     "old",
     "grads",
     "grads-nomom",
+    "grads-v-nomom",
     "grads-v",
     "noopt",
     "local16",
@@ -92,7 +96,7 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
     if setting == "noopt":
         return model, DSSync(model, **kw, average_grads=False)
     corrected = ("grads-v", "grads-v1", "local16-grads", "local4-grads", "preset-local")
-    corrected += ("butterfly", "global", "grads-v0")
+    corrected += ("butterfly", "global", "grads-v0", "grads-v-nomom")
     grads = setting in ("grads", "grads-nomom", *corrected)
     outer = nesterov() if setting in ("local16-nest", "preset-local") else None
     sync = DSSync(model, **kw, optimizer=opt, average_grads=grads, outer=outer)
@@ -100,8 +104,10 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
         sync.before_step.correct_v = setting in corrected
         sync.before_step._bound_each_input = setting == "grads-v1"
         sync.before_step._floor = setting != "grads-v0"
-    if setting == "grads-nomom":
-        sync._optimizer_state = list  # the moments stay per rank (a measurement, not an option)
+    if setting.endswith("nomom"):
+        sync._optimizer_state = lambda: ([], [])  # the moments stay per rank (a measurement)
+    else:  # the moments travel in every averaging, as they did until 2026-12-07
+        sync._state_travels = lambda kind: True
     return model, sync
 
 
