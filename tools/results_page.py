@@ -245,15 +245,15 @@ def readme_block(found: dict[str, dict]) -> str:
         if ours is None:
             continue
         others = sorted(n for n in ms if n not in ("bsp", CONTROL) and not _ours(n))
-        if other is None and not others:
-            continue
         auto = ms.get("auto")
         picked = ""
         if auto is not None:
             chosen = ", ".join(sorted(set(auto.get("auto") or []))) or "?"
             reach = f"{auto['seeds_reaching_target']}/{len(auto['seeds'])}"
             picked = f"{_ratio(auto, ref)} ({chosen}; {reach} seeds)"
-        if other is None:  # no other remedy reached the target: DS-Sync is alone, say so
+        if other is None and not others:  # a race of BSP and DS-Sync alone: say so
+            vs = "none in this race | n/a | n/a | n/a"
+        elif other is None:  # no other remedy reached the target: DS-Sync is alone, say so
             vs = f"none of {', '.join(others)} reached the target | n/a | n/a | n/a"
         else:
             a, b = reached[ours]["time_to_target"], reached[other]["time_to_target"]

@@ -94,3 +94,7 @@ def test_a_race_no_other_remedy_finished_says_so_and_a_seed_short_ranks_behind()
     race["methods"]["dssync"]["time_to_target"] = {"median": 61.0, "min": 60, "max": 62}
     rows = [r for r in results_page.readme_block({"r": race}).splitlines() if "race nnn" in r]
     assert "| dssync-topo 0.95x (2/3 seeds) |" in rows[0]
+    # a race of BSP and DS-Sync alone keeps its row and says no other remedy ran
+    del race["methods"]["diloco"]
+    rows = [r for r in results_page.readme_block({"r": race}).splitlines() if "race nnn" in r]
+    assert "| none in this race | n/a |" in rows[0]
