@@ -35,7 +35,8 @@ class DSSyncLocal:
         accelerator: the ``Accelerator`` that prepared ``model``.
         model: the prepared model (wrapped in DDP when there are several processes).
         schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
-        optimizer: if given, its floating state (momentum, Adam moments) is averaged too.
+        optimizer: if given, its floating state (momentum, Adam moments) is averaged too (after
+            an Adam-family optimizer averaging every step, only at ``average_all``).
         enabled: ``False`` leaves DDP as it is and makes :meth:`step` do nothing.
         options: a :class:`dssync.Options` (default: all defaults).
         **settings: any field of :class:`dssync.Options`, the same names and meaning as

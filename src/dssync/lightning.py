@@ -34,7 +34,9 @@ class DSSyncStrategy(DDPStrategy):
     Args:
         schedule: which ranks average together at each averaging (default: :class:`DSSync`'s).
         average_optimizer_state: also average the optimizer's floating state (momentum, Adam
-            moments); needs exactly one optimizer. Checkpoints then resume every rank exactly.
+            moments; after an Adam-family optimizer averaging every step, only at
+            ``average_all``: docs/guide/adam.md); needs exactly one optimizer. Checkpoints then
+            resume every rank exactly.
         options: a :class:`dssync.Options` (default: all defaults).
         **kwargs: any field of :class:`dssync.Options`, the same names and meaning as
             ``DSSync``'s (``every=4, outer=dssync.nesterov()``: DiLoCo in the groups;

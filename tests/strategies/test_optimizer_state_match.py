@@ -38,7 +38,7 @@ def _swapped_order(kind: str):
     else:
         opt = torch.optim.AdamW(params, lr=0.1)
     # adamw: the state averaged after the step (average_grads=False); adamw-grads: Adam's
-    # default, gradients and state averaged inside opt.step(), which must match by name too
+    # default, gradients averaged inside opt.step(), which must match by name too
     sync = DSSync(m, schedule=Static([[0, 1]]), optimizer=opt, average_grads=kind == "adamw-grads")
     (m(torch.full((4, 4), float(rank + 1))) ** 2).sum().backward()
     opt.step()

@@ -483,12 +483,14 @@ class DSSync(Strategy, Joinable):
 
     def _state_travels(self, kind: int) -> bool:
         """Whether an averaging sends the optimizer's state. Not a step's averaging when the
-        gradients travel every step (``average_grads`` at ``every=1``, no outer step): the
+        gradients travel every step (``average_grads`` at ``every=1``, no outer step, no
+        ``fragments``: each of those averages part of the way, and was not measured): the
         group's mean gradient and the second moment's correction keep each rank's moments close
         to DDP's, and the moments would double the bytes (``lm`` at 4 ranks, 3 seeds: +0.02% of
         DDP's validation loss without them, +0.30% with; docs/guide/adam.md). The global
         average (``average_all``) still sends them."""
         local = self.before_step is not None and self.every == 1 and self.outer is None
+        local = local and self.fragments == 1
         return kind != STEP or not local
 
     def _shards(self) -> list[torch.Tensor]:

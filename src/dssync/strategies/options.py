@@ -214,8 +214,8 @@ class Options:
         nonfinite: when a member's values are not finite no value leaves it and the group keeps
             its own values; ``"raise"`` then raises ``SyncError`` on every member (the rank at
             fault names the tensor), ``"skip"`` warns once and trains on. ``"spread"``: no check,
-            as DDP; a NaN reaches the group (saves one read of the buffers per averaging, on a
-            CPU with gloo up to a tenth of a pair's time: docs/design.md).
+            as DDP; a NaN reaches the group (saves one read of the buffers per averaging: on a
+            CPU shared by gloo ranks a tenth to a fifth of a pair's step, docs/design.md).
         pairs: how pairs average: ``"exchange"`` (point to point, no group per pair) or
             ``"all_reduce"`` (on pair groups made at construction; to compare the two paths).
     """
