@@ -59,7 +59,7 @@ for epoch in range(epochs):
         loss = F.cross_entropy(model(x.to(device)), y.to(device))
         loss.backward()  # no all-reduce: each rank keeps its own gradient
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # clips this rank's gradient
-        opt.step()  # the group averages parameters, AdamW's moments and gradients, then steps
+        opt.step()  # the group averages parameters and gradients, then steps
         sched.step()
         opt.zero_grad()
         sync.step()  # once per optimizer step, on every rank
