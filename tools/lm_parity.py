@@ -104,9 +104,7 @@ def strategy(setting: str, model: torch.nn.Module, opt: torch.optim.Optimizer, s
         sync.before_step.correct_v = setting in corrected
         sync.before_step._bound_each_input = setting == "grads-v1"
         sync.before_step._floor = setting != "grads-v0"
-    if setting.endswith("nomom"):
-        sync._optimizer_state = lambda: ([], [])  # the moments stay per rank (a measurement)
-    else:  # the moments travel in every averaging, as they did until 2026-12-07
+    if not setting.endswith("nomom"):  # the moments in every averaging, as until 2026-12-07
         sync._state_travels = lambda kind: True
     return model, sync
 
