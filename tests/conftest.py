@@ -38,6 +38,7 @@ SLOW = (
     "tests/experiments/test_series.py",  # 5-10 each
     "tests/train/test_eval_bounded.py",  # 9
     "tests/train/test_auto_decision.py",  # spawns and trains
+    "tests/train/test_start_plan.py::test_the_topology_preset_starts_from_probed_rates_and_reports_its_plan",  # 12
     "tests/e2e/test_quickstart.py::test_the_gpu_checks_int8_groups_run_on_the_cpu_here",
     # measured in the quick tier, over SLOW_S
     "tests/train/test_auto_python.py::test_auto_returns_the_picked_dssync_which_trains_and_says_why",  # 29

@@ -21,6 +21,7 @@ from dssync.comm.side import side_group
 from dssync.errors import PeerLost, SyncError
 from dssync.lab.baselines.protocol import after_backward, replicas_equal, take_sync_time, time_sync
 from dssync.lab.config import TrainConfig
+from dssync.lab.methods import RATES, get_method
 from dssync.lab.train.auto import AUTO, Decision, resolve
 from dssync.lab.train.data import RankData
 from dssync.lab.train.device import Clock, resolve_device, to_device
@@ -34,6 +35,7 @@ from dssync.lab.train.summary import eval_record, summarize
 from dssync.lab.train.swa import WeightAverage
 from dssync.lab.workloads import Workload
 from dssync.strategies import Strategy
+from dssync.topology import Topology, detect
 
 # torch.distributed's own types for a collective that failed because a peer died or never came.
 LOST_PEER_ERRORS = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
@@ -54,6 +56,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         torch.cuda.set_device(device)
     data = RankData.load(cfg, rank, world)
     strategy, optimizer, decision = build(cfg, data, device, rank)
+    start = plan_of(strategy)
     total = data.total_steps()
     phase = SWAPhase.of(cfg, total)
     # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
@@ -97,6 +100,7 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
     progress.close()
     run.loop_s += clock.now() - loop_start
     summary = summarize(cfg, data, strategy, run, phase.average, device)
+    summary["plan"] = {**start, "switches": [list(s) for s in getattr(strategy, "switches", [])]}
     strategy.close()  # its threads and groups: the process may train again (train_series)
     return summary if decision is None else {**summary, "auto": decision.to_dict()}
 
@@ -112,11 +116,32 @@ def build(
     cfg, decision = resolve(cfg, data, module, device, optimizer)
     if decision is not None and rank == 0:
         print(decision.line(), file=sys.stderr, flush=True)
-    topology = decision.topology if decision is not None else None
+    topology = decision.topology if decision is not None else start_topology(cfg, module, device)
     strategy = build_strategy(cfg, module, optimizer, topology)
     time_sync(strategy)  # the lab reads take_sync_time() every step
     torch.manual_seed(cfg.seed * 1000 + rank)
     return strategy, optimizer, decision
+
+
+def start_topology(cfg: TrainConfig, module: nn.Module, device: torch.device) -> Topology | None:
+    """The topology a preset that plans from link rates starts from: detected and probed here,
+    before the training clock, as ``--sync auto`` does before it picks (else a race's preset and
+    auto's pick of that preset plan from different topologies); None for every other method."""
+    if RATES not in get_method(cfg.sync).needs:
+        return None
+    dtype = next(module.parameters()).dtype
+    return detect(probe=True, timeout_s=cfg.timeout_s, device=device, dtype=dtype)
+
+
+def plan_of(strategy: Strategy) -> dict[str, str | None]:
+    """Where a run's groups come from at its start, for its summary: the topology planned from
+    (with the probed rates) and the schedule; None where the strategy has neither."""
+    schedule = getattr(strategy, "schedule", None)
+    topology = (getattr(schedule, "planned_from", None) or (None,))[0]  # a topology-aware plan's
+    return {
+        "topology": None if topology is None else topology.describe(),
+        "schedule": None if schedule is None else schedule.describe(),
+    }
 
 
 class SWAPhase:
