@@ -137,6 +137,9 @@ def method_summary(
         "threads": sorted({t for r in runs for t in r.get("rank_threads") or []}),
         # What --sync auto chose on each seed (empty for other methods).
         "auto": [picked(r["auto"]) for r in runs if "auto" in r],
+        # Where each seed's groups came from: the topology planned from (probed rates), the
+        # starting schedule and its re-plans ([averaging, schedule]); None without a plan.
+        "plans": [r.get("plan") for r in runs],
     }
 
 
