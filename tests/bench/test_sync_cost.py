@@ -83,3 +83,13 @@ def test_scale_makes_no_group_after_step1_while_the_old_path_does():
     for key in ("new_p50_s", "new_p99_s", "old_p50_s", "tag_p50_s", "new_start_s"):
         assert r[key] > 0, key
     assert r["new_p50_s"] <= r["new_p99_s"]
+
+
+def test_scale_takes_the_nonfinite_option(tmp_path):
+    path = tmp_path / "s.json"
+    args = ["-m", "dssync", "bench-sync", "--scale", "--params", "2000", "--workers", "2"]
+    r = run([*args, "--steps", "3", "--nonfinite", "spread", "--json", str(path)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "nonfinite=spread" in r.stdout
+    (row,) = json.loads(path.read_text())
+    assert row["nonfinite"] == "spread" and row["new_p50_s"] > 0

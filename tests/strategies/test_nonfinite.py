@@ -203,23 +203,30 @@ def test_skip_mode_warns_once_and_trains_on(wire, forced):
     assert "rank(s) [1] had non-finite values" in outs[BAD]["said"][0]
 
 
-def _spreads() -> dict:
+def _spreads(forced: bool) -> dict:
+    if forced:
+        device_path()
     rank = dist.get_rank()
     model = _model()
-    sync = DSSync(model, timeout_s=20, nonfinite="spread")  # 2 ranks: one global pair
+    # 2 ranks: one pair, point to point; 3: the global average, an all-reduce on the world
+    schedule = Shuffle(2) if dist.get_world_size() == 2 else Global()
+    sync = DSSync(model, schedule=schedule, timeout_s=20, nonfinite="spread")
     with torch.no_grad():
         if rank == BAD:
             model[0].weight[2, 3] = math.nan
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         sync.step()  # no check: the NaN goes out, as with DDP, and nothing is said
+        sync.router.settle()  # on the device path, a verdict left there would raise here
     out = {"nan": bool(model[0].weight[2, 3].isnan()), "said": [str(w.message) for w in seen]}
     sync.close()
     return out
 
 
-def test_spread_mode_does_not_look_and_the_nan_reaches_the_partner():
-    for rank, out in enumerate(spawn(_spreads, 2, timeout_s=120)):
+@pytest.mark.parametrize("forced", [False, True], ids=["cpu path", "device path"])
+@pytest.mark.parametrize("world", [2, 3], ids=["pair", "collective of 3"])
+def test_spread_mode_does_not_look_and_the_nan_reaches_the_group(world, forced):
+    for rank, out in enumerate(spawn(_spreads, world, args=(forced,), timeout_s=120)):
         assert out == {"nan": True, "said": []}, rank
 
 

@@ -249,15 +249,18 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def measure_scale(numel: int, steps: int, seed: int = 0) -> dict[str, Any]:
+def measure_scale(
+    numel: int, steps: int, seed: int = 0, nonfinite: str = "raise"
+) -> dict[str, Any]:
     """Many ranks, ``Shuffle(2)`` that never repeats: today's averaging core against the old path.
 
     new: ``DSSync.step()`` (pairs by point-to-point exchange on the world group, tagged);
     old: the previous path, a :class:`~dssync.comm.GroupCache` that makes a process group for each
          new pair (every rank enters ``new_group``), then all_reduce and divide;
     tag: the tag alone (an exchange with no data), i.e. what step checking adds to an average.
-    Each op is timed on every rank after a barrier; a step's time is the slowest rank's. Returns
-    start-up seconds, p50/p99 per-step seconds and the process groups created after step 1.
+    ``nonfinite`` is the DS-Sync step's finiteness check (``DSSync``'s option: "spread" leaves
+    it out). Each op is timed on every rank after a barrier; a step's time is the slowest
+    rank's. Returns start-up seconds, p50/p99 per-step seconds and the process groups created after step 1.
     """
     from dssync.comm import FlatBuckets, GroupCache
     from dssync.comm.tags import STEP
@@ -268,7 +271,7 @@ def measure_scale(numel: int, steps: int, seed: int = 0) -> dict[str, Any]:
 
     dist.barrier()
     t0 = time.perf_counter()
-    sync = DSSync(FlatModel(numel), schedule=schedule, broadcast_init=False)
+    sync = DSSync(FlatModel(numel), schedule=schedule, broadcast_init=False, nonfinite=nonfinite)
     new_start = _slowest(time.perf_counter() - t0)
 
     dist.barrier()
@@ -308,6 +311,7 @@ def measure_scale(numel: int, steps: int, seed: int = 0) -> dict[str, Any]:
         "world_size": world,
         "numel": numel,
         "steps": steps,
+        "nonfinite": nonfinite,
         "new_start_s": new_start,
         "old_start_s": old_start,
         "new_groups_after_step1": sync.groups_created - made["new"],

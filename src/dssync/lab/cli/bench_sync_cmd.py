@@ -72,7 +72,7 @@ def bench_sync(
     if scale:
         rows = []
         for n in numel:
-            rows += _scale(n, worker_counts, steps)
+            rows += _scale(n, worker_counts, steps, nonfinite)
         if json_path:
             write_json(json_path, rows)
         return
@@ -163,7 +163,7 @@ def _print_vs_exchange(rows: list[dict], wires: tuple[str, ...]) -> None:
     console.print(table)
 
 
-def _scale(numel: int, worker_counts: tuple[int, ...], steps: int) -> list[dict]:
+def _scale(numel: int, worker_counts: tuple[int, ...], steps: int, nonfinite: str) -> list[dict]:
     rows = []
     for world in worker_counts:
         console.print(
@@ -171,11 +171,16 @@ def _scale(numel: int, worker_counts: tuple[int, ...], steps: int) -> list[dict]
         )
         rows.append(
             spawn(
-                measure_scale, world, args=(numel, steps), timeout_s=3600, collective_timeout_s=600
+                measure_scale,
+                world,
+                args=(numel, steps, 0, nonfinite),
+                timeout_s=3600,
+                collective_timeout_s=600,
             )[0]
         )
     table = Table(
         title=f"Shuffle(2) at scale, {numel:,} parameters, {steps} steps (slowest rank per step)"
+        + ("" if nonfinite == "raise" else f", nonfinite={nonfinite}")
     )
     for col in [
         "workers",
