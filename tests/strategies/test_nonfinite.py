@@ -30,8 +30,9 @@ def device_path() -> None:
     as tests/comm/test_host_reads.py)."""
     import dssync.comm.averager as averager
     import dssync.comm.tags as tags
+    import dssync.comm.transport as transport
 
-    tags.reads_free = averager.reads_free = lambda device: False
+    tags.reads_free = averager.reads_free = transport.reads_free = lambda device: False
 
 
 def _model() -> nn.Module:
@@ -228,6 +229,51 @@ def _spreads(forced: bool) -> dict:
 def test_spread_mode_does_not_look_and_the_nan_reaches_the_group(world, forced):
     for rank, out in enumerate(spawn(_spreads, world, args=(forced,), timeout_s=120)):
         assert out == {"nan": True, "said": []}, rank
+
+
+def _all_bad(value: float, mode: str) -> dict:
+    """Every rank puts ``value`` in the same weight, then averages in pairs (4 ranks: point to
+    point, the tag in the data)."""
+    model = _model()
+    sync = DSSync(model, schedule=Shuffle(2, seed=3), timeout_s=20, nonfinite=mode)
+    with torch.no_grad():
+        model[0].weight[2, 3] = value
+    before = [p.detach().clone() for p in model.parameters()]
+    out: dict = {"error": None}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            sync.step()
+        except SyncError as e:
+            out["error"] = str(e)
+    out["said"] = [str(w.message) for w in seen]
+    out["kept"] = all(  # bit for bit, a NaN equal to itself
+        torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+        for a, b in zip(before, model.parameters(), strict=True)
+    )
+    sync.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    "value, mode, says",
+    [
+        (math.nan, "raise", "non-finite values on this rank (rank {rank})"),
+        (math.inf, "raise", "non-finite values on this rank (rank {rank})"),
+        (math.nan, "skip", "rank(s) [{pair}] had non-finite values"),
+    ],
+    ids=["both nan", "both inf", "both nan, skip"],
+)
+def test_a_pair_where_both_go_bad_names_both_and_keeps_its_values(value, mode, says):
+    schedule = Shuffle(2, seed=3)
+    for rank, out in enumerate(spawn(_all_bad, 4, args=(value, mode), timeout_s=120)):
+        pair = ", ".join(map(str, sorted(g for g in schedule.partition(0, 4) if rank in g)[0]))
+        text = says.format(rank=rank, pair=pair)
+        assert out["kept"], rank  # no value of the other came in
+        if mode == "raise":
+            assert out["error"] is not None and text in out["error"], (rank, out)
+        else:
+            assert out["error"] is None and len(out["said"]) == 1 and text in out["said"][0]
 
 
 def test_an_unknown_nonfinite_mode_names_the_three():

@@ -185,6 +185,7 @@ def _all_failed(failed: list[dict[str, Any]], target: float | None) -> dict[str,
         "compute_time_s": None,
         "sync_time_s": None,
         "auto": [],
+        "plans": [],
     }
 
 

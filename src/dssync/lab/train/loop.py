@@ -34,6 +34,7 @@ from dssync.lab.train.state import Checkpointer, RunState
 from dssync.lab.train.summary import eval_record, summarize
 from dssync.lab.train.swa import WeightAverage
 from dssync.lab.workloads import Workload
+from dssync.schedules import Fragments
 from dssync.strategies import Strategy
 from dssync.topology import Topology, detect
 
@@ -56,13 +57,13 @@ def train_worker(cfg: TrainConfig, hook: StepHook | None = None) -> dict[str, An
         torch.cuda.set_device(device)
     data = RankData.load(cfg, rank, world)
     strategy, optimizer, decision = build(cfg, data, device, rank)
-    start = plan_of(strategy)
     total = data.total_steps()
     phase = SWAPhase.of(cfg, total)
     # Built before a resume loads the optimizer, whose saved groups hold a scheduled, not the base, rate.
     rates = rate_schedule(cfg, data, optimizer, total, phase)
     saver = checkpointer(cfg, data, strategy, optimizer, rank, world, decision)
     run, phase.average = restore(cfg, saver)
+    start = plan_of(strategy)  # after a resume: the plan the checkpoint's run had come to
     warm_up(data.wl, strategy.module, lambda: to_device(data.sample(), device), device)
     hook.started(rank, strategy)
     clock = Clock(device)
@@ -137,7 +138,8 @@ def plan_of(strategy: Strategy) -> dict[str, str | None]:
     """Where a run's groups come from at its start, for its summary: the topology planned from
     (with the probed rates) and the schedule; None where the strategy has neither."""
     schedule = getattr(strategy, "schedule", None)
-    topology = (getattr(schedule, "planned_from", None) or (None,))[0]  # a topology-aware plan's
+    plan = schedule.schedule if isinstance(schedule, Fragments) else schedule  # the plan it cuts
+    topology = (getattr(plan, "planned_from", None) or (None,))[0]  # a topology-aware plan's
     return {
         "topology": None if topology is None else topology.describe(),
         "schedule": None if schedule is None else schedule.describe(),
