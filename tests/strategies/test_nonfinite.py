@@ -255,6 +255,7 @@ def _all_bad(value: float, mode: str) -> dict:
     return out
 
 
+@pytest.mark.slow  # 9 s each, spawning 4 ranks
 @pytest.mark.parametrize(
     "value, mode, says",
     [

@@ -49,7 +49,7 @@ from dssync.topology import Topology
 Builder = Callable[["TrainConfig", nn.Module, torch.optim.Optimizer, Topology | None], Strategy]
 
 TOPOLOGY = "topology"  # which ranks share hosts and racks (detected when not given)
-RATES = "rates"  # link rates too: worth a bandwidth probe at start-up when one is offered
+RATES = "rates"  # link rates too: the lab probes them at start-up (train/loop.py start_topology)
 # One process per replica on torchft's elastic launcher (dssync.lab.elastic), not a fixed group
 ELASTIC = "elastic"
 # The options a preset sets and a user may override (TrainConfig fields, None: the preset's),
