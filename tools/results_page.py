@@ -176,9 +176,10 @@ def page(
         "clusters' links cost it less than they cost the wide MLP below. Its runs are "
         "evaluated every 40 steps, so a time to the target is known to 40 steps: about 8 s, a "
         "sixth of BSP's time, and a step count of 240 against 280 is one evaluation apart. "
-        "On S4 the topology-aware plan takes 13-16% less time an iteration than BSP (median ms/it) but needs 240-320 "
-        "steps to BSP's 200; re-planning it or keeping it fixed made no difference beyond the "
-        "seeds' spread (the race 're-planned every 8 averagings or fixed').",
+        "On S4 the topology-aware plan takes 13-16% less time an iteration than BSP (median "
+        "ms/it) but needs 240-320 steps to BSP's 200; re-planning it or keeping it fixed made "
+        "no difference beyond the seeds' spread (the race 're-planned every 8 averagings or "
+        "fixed').",
         lm,
         "results/lm-races",
     )

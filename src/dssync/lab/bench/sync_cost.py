@@ -260,7 +260,8 @@ def measure_scale(
     tag: the tag alone (an exchange with no data), i.e. what step checking adds to an average.
     ``nonfinite`` is the DS-Sync step's finiteness check (``DSSync``'s option: "spread" leaves
     it out). Each op is timed on every rank after a barrier; a step's time is the slowest
-    rank's. Returns start-up seconds, p50/p99 per-step seconds and the process groups created after step 1.
+    rank's. Returns start-up seconds, p50/p99 per-step seconds and the process groups
+    created after step 1.
     """
     from dssync.comm import FlatBuckets, GroupCache
     from dssync.comm.tags import STEP

@@ -34,8 +34,7 @@ from dssync.lab.train.state import Checkpointer, RunState
 from dssync.lab.train.summary import eval_record, summarize
 from dssync.lab.train.swa import WeightAverage
 from dssync.lab.workloads import Workload
-from dssync.schedules import Fragments
-from dssync.strategies import Strategy
+from dssync.strategies import DSSync, Strategy
 from dssync.topology import Topology, detect
 
 # torch.distributed's own types for a collective that failed because a peer died or never came.
@@ -138,8 +137,8 @@ def plan_of(strategy: Strategy) -> dict[str, str | None]:
     """Where a run's groups come from at its start, for its summary: the topology planned from
     (with the probed rates) and the schedule; None where the strategy has neither."""
     schedule = getattr(strategy, "schedule", None)
-    plan = schedule.schedule if isinstance(schedule, Fragments) else schedule  # the plan it cuts
-    topology = (getattr(plan, "planned_from", None) or (None,))[0]  # a topology-aware plan's
+    source = strategy._plan_source() if isinstance(strategy, DSSync) else None
+    topology = None if source is None else source[0]  # a topology-aware plan's
     return {
         "topology": None if topology is None else topology.describe(),
         "schedule": None if schedule is None else schedule.describe(),
