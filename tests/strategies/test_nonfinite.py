@@ -225,7 +225,11 @@ def _spreads(forced: bool) -> dict:
 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["cpu path", "device path"])
-@pytest.mark.parametrize("world", [2, 3], ids=["pair", "collective of 3"])
+@pytest.mark.parametrize(
+    "world",
+    [2, pytest.param(3, marks=pytest.mark.slow)],  # the quick tier keeps the pair
+    ids=["pair", "collective of 3"],
+)
 def test_spread_mode_does_not_look_and_the_nan_reaches_the_group(world, forced):
     for rank, out in enumerate(spawn(_spreads, world, args=(forced,), timeout_s=120)):
         assert out == {"nan": True, "said": []}, rank
