@@ -15,6 +15,9 @@ Per run, from the replicas' step records (``steps.jsonl``):
 - time to target: from the start to the first evaluation (each replica's own model, each epoch
   of its shard) that reached ``--target``; every evaluation is kept in the result file.
 goodput = samples/s under failures / samples/s without, paired by method and seed.
+``dssync-restarts`` (``@K``: averaging every K steps) is DS-Sync without torchft, under torchrun
+``--max-restarts`` from checkpoints every ``--checkpoint-every`` steps (tools/goodput_restarts.py
+says how its record is read).
 
     PYTHONPATH=src .venv/bin/python tools/goodput_elastic.py --replicas 4 --seeds 0,1 \\
         --out docs/results/elastic/goodput-digits-4.json
@@ -33,8 +36,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import goodput_restarts
+
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("elastic-dssync", "torchft-diloco", "torchft-local-sgd")
+RESTARTS = "dssync-restarts"  # DS-Sync under torchrun --max-restarts: tools/goodput_restarts.py
 # torchft's DiLoCo at the method's preset (every 4, outer lr 0.7) diverged on digits after 200-300
 # steps (accuracy 0.9 then 0.1, at batch 8 and 16); at the lab's diloco preset (every 16, outer lr
 # 0.5) it trains (0.978 after 1,500 steps on 2 replicas). The others keep their presets.
@@ -75,6 +81,8 @@ def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list
 
 
 def one_run(label: str, seed: int, chaos_every: float | None, a: argparse.Namespace) -> dict:
+    if label.startswith(RESTARTS):
+        return goodput_restarts.one_run(label, seed, chaos_every, a)
     from dssync.lab.config import TrainConfig
     from dssync.lab.elastic.launch import Chaos, run_elastic
     from dssync.lab.methods import configure
@@ -137,6 +145,8 @@ def table(pairs: list[dict], target: float) -> str:
         c, f = p["calm"], p["chaos"]
 
         def ttt(r: dict) -> str:
+            if r["method"].startswith(RESTARTS):
+                return "-"  # not measured (goodput_restarts.py)
             return (
                 "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
             )
@@ -186,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         "(default: the launcher's)",
     )
     ap.add_argument("--target", type=float, default=0.975)
+    ap.add_argument(
+        "--checkpoint-every", type=int, default=100, help=f"{RESTARTS}: steps between checkpoints"
+    )
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per run at most")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
