@@ -6,15 +6,18 @@ dssync.lab.train.worker`` on the same job as the elastic rows (the workload, bat
 rank writing its checkpoint every ``--checkpoint-every`` steps and resuming from the newest.
 With failures, a random worker process is SIGKILLed about every ``chaos_every`` seconds (20%
 either way, drawn from the seed, as the elastic launcher's punisher); torchrun then stops the
-others and starts all R again, and they resume from the last complete checkpoint. No kill comes
-before the job stepped after its last restart (the punisher's rule: none during a start-up).
+others and starts all R again, and they resume from the last complete checkpoint.
 
 Rank 0's step after every step (``PROGRESS.json``, read every 10 ms) is the record:
 - job time: from its first step to its step ``--steps``;
-- steps taken: every step it took, those done again after a restart included (from the
-  checkpoint it resumed from, the last multiple of ``--checkpoint-every`` below), times
-  R ranks times the batch: the samples of the whole job, lost work counted as in the elastic
-  rows (which count every step of every replica process);
+- samples: the job's, ``--steps`` times R ranks times the batch. Steps done again after a
+  restart (from the checkpoint it resumed from, the last multiple of ``--checkpoint-every``
+  below the first step seen after it) are waste, not goodput: they are counted apart
+  (``steps_taken``, a lower bound: a step between the last poll and a kill is missed). The
+  elastic rows count every step of every replica process, but lose at most a few a kill;
+- kills: the first about ``chaos_every`` after the first step, each next about ``chaos_every``
+  after the one before, as the elastic punisher; one that falls due during a restart's start-up
+  waits until the new workers have stepped, and none comes after the last step;
 - stall per kill: the longest gap between two of rank 0's steps from 5 s before a kill to 30 s
   after it (here the whole job stops: the restart's cost).
 Time to target is not measured for this row (a resumed run's evaluations restart their clock).
@@ -22,6 +25,7 @@ Time to target is not measured for this row (a resumed run's evaluations restart
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -106,7 +110,7 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
         rng = random.Random(seed)
         trace: list[tuple[float, int]] = []
         kills: list[float] = []
-        next_kill = None
+        next_kill: float | None = None
         killed: set[int] = set()  # the workers of the last kill's incarnation
         fresh_at: float | None = 0.0  # when a new incarnation's workers were first seen
         deadline = time.monotonic() + a.budget
@@ -121,21 +125,28 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
                     pids = set(workers_of(agent.pid))
                     if len(pids) == a.replicas and not pids & killed:
                         fresh_at = now
+                if chaos_every is not None and next_kill is None and trace:
+                    next_kill = trace[0][0] + chaos_every * rng.uniform(0.8, 1.2)
                 stepped = fresh_at is not None and trace and trace[-1][0] > fresh_at
-                if chaos_every is not None and next_kill is None and stepped:
-                    if trace[-1][1] < a.steps:
-                        next_kill = now + chaos_every * rng.uniform(0.8, 1.2)
-                if next_kill is not None and now >= next_kill:
+                due = next_kill is not None and now >= next_kill and trace[-1][1] < a.steps
+                if due and stepped:  # a kill due during a restart's start-up waits for its end
                     pids = workers_of(agent.pid)
-                    if pids:
+                    if not pids:
+                        raise RuntimeError(f"no worker of torchrun (pid {agent.pid}) to kill")
+                    try:
                         os.kill(rng.choice(pids), signal.SIGKILL)
-                        kills.append(now)
-                        killed, fresh_at = set(pids), None
-                        print(f"    killed a worker at step {trace[-1][1]}", flush=True)
-                    next_kill = None  # the next is drawn once a new incarnation has stepped
+                    except ProcessLookupError:  # it ended meanwhile: the next poll tries again
+                        continue
+                    kills.append(now)
+                    killed, fresh_at = set(pids), None
+                    next_kill = now + chaos_every * rng.uniform(0.8, 1.2)  # from this kill
+                    print(f"    killed a worker at step {trace[-1][1]}", flush=True)
                 time.sleep(POLL_S)
         finally:
-            if agent.poll() is None:
+            if agent.poll() is None:  # torchrun starts each worker in a session of its own
+                for pid in workers_of(agent.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
             log.close()
@@ -145,8 +156,10 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
         result = json.loads(summary.read_text())
     taken, resumed = steps_taken(trace, a.checkpoint_every)
     start = trace[0][0]
-    end = next(t for t, s in trace if s == a.steps)
-    samples = taken * a.replicas * a.batch_size
+    end = next((t for t, s in trace if s == a.steps), None)
+    if end is None:
+        raise RuntimeError(f"{label} seed {seed}: rank 0's step {a.steps} was never read")
+    samples = a.steps * a.replicas * a.batch_size  # the job's own: steps done again are waste
     return {
         "method": label,
         "seed": seed,
