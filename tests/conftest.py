@@ -39,6 +39,7 @@ SLOW = (
     "tests/train/test_eval_bounded.py",  # 9
     "tests/train/test_auto_decision.py",  # spawns and trains
     "tests/train/test_start_plan.py::test_the_topology_preset_starts_from_probed_rates_and_reports_its_plan",  # 12
+    "tests/test_launch.py::test_a_contained_torchrun_past_its_timeout_leaves_no_rank_alive",  # 12.5
     "tests/e2e/test_quickstart.py::test_the_gpu_checks_int8_groups_run_on_the_cpu_here",
     # measured in the quick tier, over SLOW_S
     "tests/train/test_auto_python.py::test_auto_returns_the_picked_dssync_which_trains_and_says_why",  # 29

@@ -74,3 +74,40 @@ def test_spawned_workers_compute_with_their_share_of_the_cores():
     from dssync.lab.launch import core_share
 
     assert spawn(_threads, 2, timeout_s=60) == [core_share(2)] * 2
+
+
+TORCHRUN_SLEEPER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w").write(str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.timeout(60)  # before: the ranks held the pipes open and the wait for them hung
+def test_a_contained_torchrun_past_its_timeout_leaves_no_rank_alive(tmp_path):
+    """torchrun starts each rank in a session of its own: killing the agent's group misses them."""
+    import sys
+
+    from dssync.lab.launch import free_port, run_contained
+
+    script = tmp_path / "sleeper.py"
+    script.write_text(TORCHRUN_SLEEPER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master-port", str(free_port()),
+           "--nproc-per-node", "2", str(script), str(tmp_path)]  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish"):
+        run_contained(cmd, 12)
+    assert time.monotonic() - t0 < 40  # no wait on pipes the ranks still held
+    pids = [int(f.read_text()) for f in tmp_path.glob("rank*")]
+    assert len(pids) == 2, "the ranks did not start within the timeout"
+    time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "a rank outlived run_contained"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

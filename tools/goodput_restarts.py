@@ -25,7 +25,6 @@ Time to target is not measured for this row (a resumed run's evaluations restart
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -84,6 +83,7 @@ def longest_gaps(trace: list[tuple[float, int]], kills: list[float], window_s: f
 
 def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
     from dssync.lab.config import TrainConfig
+    from dssync.lab.launch import kill_tree
     from dssync.lab.methods import configure
 
     every = int(label.partition("@")[2] or 1)
@@ -144,10 +144,7 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
                 time.sleep(POLL_S)
         finally:
             if agent.poll() is None:  # torchrun starts each worker in a session of its own
-                for pid in workers_of(agent.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-                os.killpg(agent.pid, signal.SIGKILL)
+                kill_tree(agent.pid)
                 agent.wait()
             log.close()
         if agent.returncode != 0:

@@ -7,6 +7,7 @@ worker when one fails or when ``timeout_s`` passes, so nothing it starts can han
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing as mp
 import os
@@ -18,6 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
@@ -106,9 +108,10 @@ def run_contained(
 ) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own, output captured; nothing it starts outlives it.
 
-    When it ends, or when ``timeout`` seconds pass, its whole process group is killed (workers,
-    torchrun's agents and ranks); a timeout then raises :class:`TimeoutError` with the tail of
-    its stderr.
+    When it ends, or when ``timeout`` seconds pass, everything it started is killed: its
+    process group, and every process below it in sessions of their own (torchrun starts each
+    rank in its own session, which a kill of the group misses); a timeout then raises
+    :class:`TimeoutError` with the tail of its stderr.
     """
     proc = subprocess.Popen(
         cmd,
@@ -122,7 +125,7 @@ def run_contained(
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_session(proc.pid)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         raise TimeoutError(
             f"`{' '.join(map(str, cmd))}` did not finish in {timeout:.0f} s; stderr:\n{err[-3000:]}"
@@ -137,6 +140,38 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first found, from /proc), whatever their session."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:  # the process ended meanwhile
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s session and every process below it. All are stopped first, so that
+    none (torchrun's agent) starts another while they are found; then all are killed."""
+    seen: list[int] = []
+    for _ in range(3):  # stopped processes start nothing: a second look finds the last ones
+        new = [p for p in [pid, *descendants(pid)] if p not in seen]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        seen += new
+    _kill_session(pid)
+    for p in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
 
 
 def exit_quietly(code: int) -> None:
