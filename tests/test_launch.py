@@ -90,6 +90,7 @@ def test_a_contained_torchrun_past_its_timeout_leaves_no_rank_alive(tmp_path):
     import sys
 
     from dssync.lab.launch import free_port, run_contained
+    from process_tree import alive
 
     script = tmp_path / "sleeper.py"
     script.write_text(TORCHRUN_SLEEPER)
@@ -102,12 +103,4 @@ def test_a_contained_torchrun_past_its_timeout_leaves_no_rank_alive(tmp_path):
     pids = [int(f.read_text()) for f in tmp_path.glob("rank*")]
     assert len(pids) == 2, "the ranks did not start within the timeout"
     time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)], "a rank outlived run_contained"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+    assert not [p for p in pids if alive(p)], "a rank outlived run_contained"

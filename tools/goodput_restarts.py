@@ -40,15 +40,6 @@ ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.01
 
 
-def workers_of(agent: int) -> list[int]:
-    """The process ids torchrun's agent ``agent`` started (its children)."""
-    try:
-        text = Path(f"/proc/{agent}/task/{agent}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
 def read_step(path: Path) -> int | None:
     try:
         return json.loads(path.read_text())["step"]
@@ -83,7 +74,7 @@ def longest_gaps(trace: list[tuple[float, int]], kills: list[float], window_s: f
 
 def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
     from dssync.lab.config import TrainConfig
-    from dssync.lab.launch import kill_tree
+    from dssync.lab.launch import children, kill_tree
     from dssync.lab.methods import configure
 
     every = int(label.partition("@")[2] or 1)
@@ -122,7 +113,7 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
                 if step is not None and (not trace or step != trace[-1][1]):
                     trace.append((now, step))
                 if chaos_every is not None and fresh_at is None:
-                    pids = set(workers_of(agent.pid))
+                    pids = set(children(agent.pid))
                     if len(pids) == a.replicas and not pids & killed:
                         fresh_at = now
                 if chaos_every is not None and next_kill is None and trace:
@@ -130,7 +121,7 @@ def one_run(label: str, seed: int, chaos_every: float | None, a) -> dict:
                 stepped = fresh_at is not None and trace and trace[-1][0] > fresh_at
                 due = next_kill is not None and now >= next_kill and trace[-1][1] < a.steps
                 if due and stepped:  # a kill due during a restart's start-up waits for its end
-                    pids = workers_of(agent.pid)
+                    pids = children(agent.pid)
                     if not pids:
                         raise RuntimeError(f"no worker of torchrun (pid {agent.pid}) to kill")
                     try:

@@ -142,17 +142,24 @@ def _kill_session(pid: int) -> None:
         pass
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started (from /proc), whatever their session."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:  # the thread or the process ended meanwhile
+            continue
+    return kids
+
+
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first found, from /proc), whatever their session."""
+    """Every process below ``pid``, children first found, whatever their session."""
     found, todo = [], [pid]
     while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:  # the process ended meanwhile
-                continue
-            found += kids
-            todo += kids
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
     return found
 
 
