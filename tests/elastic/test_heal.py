@@ -89,3 +89,20 @@ def test_torchfts_own_transport_fails_a_fetch_that_comes_after_the_commit():
         assert got[0][2] > 1.5, f"it failed after {got[0][2]:.1f} s, not at the timeout"
     finally:
         transport.shutdown()
+
+
+def test_the_source_advertises_the_host_it_is_given_and_serves_there():
+    """On an emulated host (a network namespace) the machine's host name resolves to nothing:
+    the replica's own address goes to the others instead, and a fetch from it works."""
+    transport = HealTransport(timedelta(seconds=10), host="127.0.0.1")
+    try:
+        assert transport.metadata().startswith("http://127.0.0.1:")
+        got: list = []
+        transport.send_checkpoint([1], 3, STATE, timedelta(seconds=10))
+        fetcher = _late_fetch(transport, 0.0, got, 10)
+        fetcher.join(15)
+        transport.disallow_checkpoint()
+        assert got and got[0][0] == "ok", got
+        assert torch.equal(got[0][1]["w"], STATE["w"])
+    finally:
+        transport.shutdown()

@@ -32,9 +32,14 @@ log = logging.getLogger(__name__)
 class HealTransport(HTTPTransport):
     """torchft's HTTP transport whose ``disallow_checkpoint`` first waits, at most ``wait_s``
     (default: ``timeout``), until as many fetches started as the last ``send_checkpoint`` had
-    replicas to heal. :attr:`late` records each wait that ran out: ``(step, owed, fetched)``."""
+    replicas to heal. :attr:`late` records each wait that ran out: ``(step, owed, fetched)``.
+    ``host`` is the address the others fetch from (torchft's: this machine's host name, which
+    an emulated host's namespace does not resolve)."""
 
-    def __init__(self, timeout: timedelta, wait_s: float | None = None) -> None:
+    def __init__(
+        self, timeout: timedelta, wait_s: float | None = None, host: str | None = None
+    ) -> None:
+        self.host = host
         self._served = threading.Condition()
         self._owed = 0  # fetches the last send_checkpoint is owed
         self._fetches = 0  # fetches started since then
@@ -52,6 +57,12 @@ class HealTransport(HTTPTransport):
                 self._served.notify_all()
 
         lock.r_acquire = counted
+
+    def address(self) -> str:
+        if self.host is None:
+            return super().address()
+        port = self._server.socket.getsockname()[1]
+        return f"http://{self.host}:{port}/checkpoint/"
 
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta

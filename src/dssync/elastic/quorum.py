@@ -109,7 +109,9 @@ class ReplicaManager(Manager):
     (:class:`~dssync.elastic.heal.HealTransport`). ``lighthouse`` is the Lighthouse's address (``http://host:port``);
     ``min_replicas`` is torchft's ``min_replica_size``: no averaging counts with fewer live
     replicas. ``timeout_s`` bounds every transfer (averaging, healing); ``quorum_timeout_s``
-    how long a quorum may take to form.
+    how long a quorum may take to form. ``host`` is the address the other replicas reach this
+    one at (its store, its manager, its healing server): ``127.0.0.1`` for replicas on one
+    machine, the host's own address across machines.
 
     Example::
 
@@ -153,6 +155,6 @@ class ReplicaManager(Manager):
             lighthouse_addr=lighthouse,
             replica_id=replica_id,
             hostname=host,
-            checkpoint_transport=HealTransport(timeout),
+            checkpoint_transport=HealTransport(timeout, host=host),
         )
         self.min_replicas = min_replicas

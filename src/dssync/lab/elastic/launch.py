@@ -39,6 +39,7 @@ from dssync.errors import SyncError, UsageError
 from dssync.lab.config import TrainConfig
 
 READY_WAIT_S = 300.0  # the longest the replicas may take to load their data before the start
+HOST_ENV = "DSSYNC_REPLICA_HOST"  # the address the others reach a replica at
 HEARTBEAT_MS = 2000  # a replica silent this long is left out of the next quorum (torchft: 5000)
 
 
@@ -58,6 +59,7 @@ class Replica:
     ends: list[str] = field(default_factory=list)  # how each of its processes ended
     proc_pid: int = 0  # the pid of its last process
     told: bool = False  # the tail of its log was said
+    host: int = 0  # where it runs: its index in the run's Hosts
 
 
 @dataclass
@@ -91,12 +93,44 @@ class Chaos:
         return self.every_s * self.rng.uniform(1 - self.spread, 1 + self.spread)
 
 
+@dataclass
+class Hosts:
+    """Where an elastic run's processes run: replica ``n`` on host ``n % len(hosts)``, the
+    Lighthouse on host 0. Each host is a command prefix, the environment its processes add, and
+    the address the others reach it at. The default is this machine alone (no prefix,
+    ``127.0.0.1``); :meth:`on_cluster` places one replica per host of an emulated cluster.
+
+    Example::
+
+        with Cluster(load_cluster("s1-homogeneous")) as cluster:
+            run_elastic(cfg, replicas=8, hosts=Hosts.on_cluster(cluster))
+    """
+
+    prefix: list[list[str]] = field(default_factory=lambda: [[]])
+    env: list[dict[str, str]] = field(default_factory=lambda: [{}])
+    address: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+
+    @classmethod
+    def on_cluster(cls, cluster: Any) -> Hosts:
+        """Every host of ``cluster`` (a :class:`~dssync.lab.cluster.Cluster` that is up): its
+        namespace (``ip netns exec``), its interface for gloo, its address."""
+        n = cluster.spec.num_hosts
+        return cls(
+            prefix=[["ip", "netns", "exec", cluster.host_ns(h)] for h in range(n)],
+            env=[{"GLOO_SOCKET_IFNAME": cluster.host_ifname(h)} for h in range(n)],
+            address=[cluster.address_of(h) for h in range(n)],
+        )
+
+    def of(self, replica: int) -> int:
+        return replica % len(self.address)
+
+
 LIGHTHOUSE = """
 import sys
 from torchft.coordination import LighthouseServer
-s = LighthouseServer(bind="[::]:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
+s = LighthouseServer(bind="0.0.0.0:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
                      heartbeat_timeout_ms={heartbeat_ms})
-print(s.address(), flush=True)
+print(s.address().rsplit(":", 1)[1], flush=True)  # its port: the host is the launcher's
 sys.stdin.read()  # until the launcher closes it or ends
 """
 
@@ -120,13 +154,15 @@ class Lighthouse:
         join_timeout_ms: int = 60_000,
         heartbeat_ms: int = HEARTBEAT_MS,
         wait_s: float = 60.0,
+        hosts: Hosts | None = None,
     ) -> None:
+        hosts = hosts or Hosts()
         code = LIGHTHOUSE.format(
             min_replicas=min_replicas, join_ms=join_timeout_ms, heartbeat_ms=heartbeat_ms
         )
         out = folder / "lighthouse.out"
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [*hosts.prefix[0], sys.executable, "-c", code],
             stdin=subprocess.PIPE,
             stdout=open(out, "w"),  # noqa: SIM115 - the child keeps it
             stderr=open(folder / "lighthouse.err", "w"),  # noqa: SIM115
@@ -145,7 +181,7 @@ class Lighthouse:
         except BaseException:
             self.close()
             raise
-        self.address = text.splitlines()[0]
+        self.address = f"http://{hosts.address[0]}:{text.splitlines()[0].strip('/')}"
 
     def close(self) -> None:
         try:
@@ -166,6 +202,7 @@ def run_elastic(
     say: Callable[[str], None] = print,
     heartbeat_ms: int = HEARTBEAT_MS,
     chaos: Chaos | None = None,
+    hosts: Hosts | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``replicas`` elastic replicas; the summary of the lowest-numbered replica
     that finished, with ``summary["elastic"]`` saying what happened to each.
@@ -178,7 +215,8 @@ def run_elastic(
     others wait about this long at their next quorum (0.52 s at 500, 2.07 s at 2000 in
     ``tests/elastic/test_chaos.py``); a live replica whose heartbeats (every 100 ms) are late
     by more is left out of a quorum and healed. ``chaos`` kills replicas on a schedule
-    (:class:`Chaos`).
+    (:class:`Chaos`). ``hosts`` says where each process runs (:class:`Hosts`; default this
+    machine).
     """
     min_replicas = replicas if min_replicas is None else min_replicas
     if not 1 <= min_replicas <= replicas:
@@ -195,6 +233,7 @@ def run_elastic(
         budget,
         heartbeat_ms,
         chaos,
+        hosts or Hosts(),
     )
     if folder is None:
         with tempfile.TemporaryDirectory(prefix="dssync-elastic-") as tmp:
@@ -212,6 +251,7 @@ def _run(
     budget: float,
     heartbeat_ms: int,
     chaos: Chaos | None,
+    hosts: Hosts,
     folder: Path,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -229,17 +269,21 @@ def _run(
     house = None
     if address is None:
         # the first quorum waits for every replica (they start together, see ``go``)
-        house = Lighthouse(folder, min_replicas, int(READY_WAIT_S * 1000), heartbeat_ms)
+        house = Lighthouse(
+            folder, min_replicas, int(READY_WAIT_S * 1000), heartbeat_ms, hosts=hosts
+        )
         address = house.address
         say(f"lighthouse at {address} (min_replicas {min_replicas})")
-    team = [Replica(n) for n in range(replicas)]
+    team = [Replica(n, host=hosts.of(n)) for n in range(replicas)]
     deadline = time.monotonic() + budget
     try:
         for r in team:
-            _start(r, folder, address, say)
+            _start(r, folder, address, say, hosts)
         _wait_ready(team, folder, deadline)
         (folder / "go").touch()
-        _supervise(team, folder, address, restart_delay_s, deadline, say, chaos, min_replicas)
+        _supervise(
+            team, folder, address, restart_delay_s, deadline, say, chaos, min_replicas, hosts
+        )
     finally:
         with _shielded():  # a second Ctrl-C or SIGTERM must not cut the killing short
             for r in team:
@@ -272,13 +316,25 @@ def _run(
     return {**first, "elastic": report}
 
 
-def _start(r: Replica, folder: Path, address: str, say: Callable[[str], None]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _start(
+    r: Replica, folder: Path, address: str, say: Callable[[str], None], hosts: Hosts | None = None
+) -> None:
+    hosts = hosts or Hosts()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **hosts.env[r.host]}
+    env[HOST_ENV] = hosts.address[r.host]
     src = str(Path(__file__).resolve().parents[3])  # the replicas import this very dssync
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     name = f"replica{r.number}"
     r.proc = subprocess.Popen(
-        [sys.executable, "-m", "dssync.lab.elastic.replica", str(folder), str(r.number), address],
+        [
+            *hosts.prefix[r.host],
+            sys.executable,
+            "-m",
+            "dssync.lab.elastic.replica",
+            str(folder),
+            str(r.number),
+            address,
+        ],
         stdout=open(folder / f"{name}.out", "a"),  # noqa: SIM115 - the child keeps it
         stderr=open(folder / f"{name}.err", "a"),  # noqa: SIM115
         env=env,
@@ -315,6 +371,7 @@ def _supervise(
     say: Callable[[str], None],
     chaos: Chaos | None = None,
     min_replicas: int = 1,
+    hosts: Hosts | None = None,
 ) -> None:
     """Watch until no replica runs and none waits for its restart; restart the lost ones."""
     while True:
@@ -350,7 +407,7 @@ def _supervise(
                 if any(x.ends and x.ends[-1] == "finished" for x in team):
                     r.restart_at = None  # the run ended while it waited
                 else:
-                    _start(r, folder, address, say)
+                    _start(r, folder, address, say, hosts)
         _dismiss_latecomers(team, folder, say)
         if all(r.proc is None and r.restart_at is None for r in team):
             return

@@ -7,6 +7,7 @@ replica trains shard REPLICA of the workload's data, writes one JSON line per st
 ``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, a digest of the
 parameters; at each evaluation ``eval_step``, time and the replica's own metric), and at the end
 takes one average over the live replicas, evaluates it and writes ``FOLDER/summary{REPLICA}.json``.
+The others reach it at the address in ``DSSYNC_REPLICA_HOST`` (default ``127.0.0.1``).
 A first start writes ``FOLDER/ready{REPLICA}`` once its data is loaded and waits for
 ``FOLDER/go`` (so the first quorum holds every replica); a restart finds ``go`` and joins at once.
 It ends when the process that started it ends.
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from dssync.lab.config import TrainConfig
+from dssync.lab.elastic.launch import HOST_ENV
 from dssync.lab.launch import exit_quietly
 from dssync.lab.train.data import RankData
 from dssync.lab.train.summary import evaluate, header, model_digest
@@ -79,6 +81,7 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
         min_replicas=spec["min_replicas"],
         timeout_s=cfg.timeout_s,
         quorum_timeout_s=spec.get("quorum_timeout_s", cfg.timeout_s),
+        host=os.environ.get(HOST_ENV, "127.0.0.1"),
     )
     go = folder / "go"
     if not go.exists():
