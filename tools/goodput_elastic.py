@@ -15,6 +15,8 @@ Per run, from the replicas' step records (``steps.jsonl``):
 - time to target: from the start to the first evaluation (each replica's own model, each epoch
   of its shard) that reached ``--target``; every evaluation is kept in the result file.
 goodput = samples/s under failures / samples/s without, paired by method and seed.
+With ``--cluster SPEC`` (root) the race runs on an emulated cluster built once for it: the
+Lighthouse on host 0, replica ``n`` on host ``n`` mod the hosts (its namespace, its shaped link).
 ``dssync-restarts`` (``@K``: averaging every K steps) is DS-Sync without torchft, under torchrun
 ``--max-restarts`` from checkpoints every ``--checkpoint-every`` steps (tools/goodput_restarts.py
 says how its record is read).
@@ -26,6 +28,7 @@ says how its record is read).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -80,7 +83,11 @@ def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list
     return out
 
 
-def one_run(label: str, seed: int, chaos_every: float | None, a: argparse.Namespace) -> dict:
+def one_run(
+    label: str, seed: int, chaos_every: float | None, a: argparse.Namespace, hosts=None
+) -> dict:
+    """One run of ``label``; ``hosts`` (a :class:`~dssync.lab.elastic.launch.Hosts`) places the
+    replicas on an emulated cluster's hosts (default: this machine)."""
     if label.startswith(RESTARTS):
         return goodput_restarts.one_run(label, seed, chaos_every, a)
     from dssync.lab.config import TrainConfig
@@ -102,7 +109,7 @@ def one_run(label: str, seed: int, chaos_every: float | None, a: argparse.Namesp
         summary = run_elastic(
             cfg, a.replicas, min_replicas=a.replicas // 2 + 1, restart_delay_s=a.restart_delay,
             folder=folder, say=lambda line: print(f"    {line}", flush=True), chaos=chaos,
-            timeout_s=a.budget, **beat,
+            timeout_s=a.budget, hosts=hosts, **beat,
         )  # fmt: skip
         go = (folder / "go").stat().st_mtime
         rs = [json.loads(x) for x in (folder / "steps.jsonl").read_text().splitlines()]
@@ -200,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint-every", type=int, default=100, help=f"{RESTARTS}: steps between checkpoints"
     )
     ap.add_argument("--budget", type=float, default=900.0, help="seconds per run at most")
+    ap.add_argument(
+        "--cluster",
+        help="an emulated cluster spec (s1-homogeneous, ...; root): one replica per host, the "
+        "Lighthouse on host 0, built once for the whole race",
+    )
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     if a.render:
@@ -211,9 +223,22 @@ def main(argv: list[str] | None = None) -> int:
     if a.heartbeat_ms:  # each method at each heartbeat timeout, as methods of their own
         methods = [f"{m} hb={h}" for m in methods for h in a.heartbeat_ms.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    if a.cluster and any(m.startswith(RESTARTS) for m in methods):
+        ap.error(f"{RESTARTS} runs torchrun on this machine only; race it without --cluster")
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if a.cluster:
+            from dssync.lab.cluster import Cluster, load_cluster
+            from dssync.lab.elastic.launch import Hosts
+
+            cluster = stack.enter_context(Cluster(load_cluster(a.cluster)))
+            hosts = Hosts.on_cluster(cluster)
+        runs = race(methods, seeds, a, hosts)
+    return report(runs, methods, seeds, a)
+
+
+def race(methods: list[str], seeds: list[int], a: argparse.Namespace, hosts) -> list[dict]:
+    """Every method and seed with and without failures, interleaved (module docstring)."""
     runs: list[dict] = []
     for i, seed in enumerate(seeds):
         order = methods if i % 2 == 0 else methods[::-1]
@@ -223,10 +248,18 @@ def main(argv: list[str] | None = None) -> int:
                 word = "without failures" if every is None else f"a kill every ~{every:g} s"
                 print(f"{method} seed {seed}, {word}", flush=True)
                 t0 = time.monotonic()
-                r = one_run(method, seed, every, a)
+                r = one_run(method, seed, every, a, hosts)
                 r["wall_s"] = time.monotonic() - t0
                 print(f"  {json.dumps({k: v for k, v in r.items() if k != 'evals'})}", flush=True)
                 runs.append(r)
+    return runs
+
+
+def report(runs: list[dict], methods: list[str], seeds: list[int], a: argparse.Namespace) -> int:
+    """Pair each run with failures with its run without; print and write the result file."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     pairs = []
     for method in methods:
         for seed in seeds:
