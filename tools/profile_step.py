@@ -1,8 +1,13 @@
 """Where a DS-Sync step's time goes beyond the bytes: ``DSSync.step()`` against a raw exchange
 with this step's partner and a raw all_reduce (and divide), on gloo ranks over loopback, timed
-in turns; with ``--profile``, rank 0's steps under cProfile, the functions by their own time.
+in turns; between them, the exchange after the finiteness check's read of the buffer
+(``checked``) and the one transport's average of the model's bucket without the strategy above
+it (``transport``). Wall and CPU time (this process's, gloo's threads included) per step; with
+``--profile``, rank 0's steps under cProfile, the functions by their own time (``ROWS``).
 
-    PYTHONPATH=src .venv/bin/python tools/profile_step.py --workers 2 --params 1000000 --profile
+    PYTHONPATH=src .venv/bin/python tools/profile_step.py --workers 4 --params 1000000 --profile
+
+At 2 workers the pair is the whole world: the step takes the all-reduce path, not the pair's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.multiprocessing as mp
 def worker(rank: int, world: int, port: int, a: argparse.Namespace) -> None:
     import dssync
     from dssync.comm.exchange import swap_ops
+    from dssync.comm.tags import STEP, Tag, finite_of, layout_of
     from dssync.schedules import group_of
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -39,24 +45,43 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace) -> None:
             w.wait()
         flat.add_(recv).div_(2)
 
+    def checked() -> None:  # what the step's finiteness check reads, then the exchange
+        flat.sum().isfinite()
+        exchange()
+
+    bucket = sync._buckets.buffers[0]
+
+    def transport() -> None:  # the same averaging, from the transport down
+        g = group_of(schedule.partition(sync.averagings, world), rank)
+        tag = Tag(STEP, sync.averagings, layout_of([bucket]))
+        sync.router.transport.average([bucket], g, tag, 60.0, finite_of([bucket]))
+
     def all_reduce() -> None:
         dist.all_reduce(flat)
         flat.div_(world)
 
-    fns = {"step": sync.step, "exchange": exchange, "all_reduce": all_reduce}
+    fns = {
+        "step": sync.step,
+        "transport": transport,
+        "checked": checked,
+        "exchange": exchange,
+        "all_reduce": all_reduce,
+    }
     for _ in range(10):
         for fn in fns.values():
             fn()
     dist.barrier()
-    total = dict.fromkeys(fns, 0.0)
+    total, cpu = dict.fromkeys(fns, 0.0), dict.fromkeys(fns, 0.0)
     for i in range(a.steps):
         for name, fn in list(fns.items())[:: 1 if i % 2 else -1]:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             total[name] += time.perf_counter() - t0
+            cpu[name] += time.process_time() - c0
     ms = {k: round(v / a.steps * 1e3, 3) for k, v in total.items()}
+    cpu_ms = {k: round(v / a.steps * 1e3, 3) for k, v in cpu.items()}
     print(
-        f"rank {rank}: ms per step {ms}; step / exchange "
+        f"rank {rank}: ms per step {ms}; CPU ms per step {cpu_ms}; step / exchange "
         f"{total['step'] / total['exchange']:.3f}, step / all_reduce "
         f"{total['step'] / total['all_reduce']:.3f}",
         flush=True,
@@ -68,7 +93,7 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace) -> None:
         sync.step()
     if profile is not None:
         profile.disable()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(int(os.environ.get("ROWS", "25")))
     sync.close()
     dist.destroy_process_group()
 
