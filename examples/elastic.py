@@ -1,6 +1,7 @@
 # Run with `python elastic.py`: a Lighthouse and 3 replicas on this machine, elastic DS-Sync.
 # On several hosts: start `torchft_lighthouse --min_replicas 2` once, then on each host
-# `python elastic.py --replica N --lighthouse http://LIGHTHOUSE_HOST:29510`.
+# `python elastic.py --replica N --lighthouse http://LIGHTHOUSE_HOST:29510 --host THIS_HOST`
+# (THIS_HOST: the address the other hosts reach this one at).
 import argparse
 import subprocess
 import sys
@@ -23,14 +24,16 @@ def start_together(folder: str | None, n: int, replicas: int, wait_s: float = 12
         time.sleep(0.05)
 
 
-def replica(n: int, lighthouse: str, folder: str | None, steps: int = 30) -> None:
+def replica(
+    n: int, lighthouse: str, folder: str | None, steps: int = 30, host: str = "127.0.0.1"
+) -> None:
     # [start:replica]
     from dssync.elastic import ElasticDSSync, ReplicaManager
 
     torch.manual_seed(n)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    manager = ReplicaManager(f"replica_{n}", lighthouse, min_replicas=2)
+    manager = ReplicaManager(f"replica_{n}", lighthouse, min_replicas=2, host=host)
     sync = ElasticDSSync(model, manager, optimizer=opt)  # pairs of the live replicas
     # [end:replica]
     start_together(folder, n, 3)
@@ -54,9 +57,10 @@ def main() -> None:
     ap.add_argument("--replica", type=int)
     ap.add_argument("--lighthouse")
     ap.add_argument("--folder", help="where local replicas say they are up")
+    ap.add_argument("--host", default="127.0.0.1", help="the address others reach this host at")
     args = ap.parse_args()
     if args.replica is not None:
-        return replica(args.replica, args.lighthouse, args.folder)
+        return replica(args.replica, args.lighthouse, args.folder, host=args.host)
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10_000)

@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in a.seeds.split(",")]
     if a.cluster and any(m.startswith(RESTARTS) for m in methods):
         ap.error(f"{RESTARTS} runs torchrun on this machine only; race it without --cluster")
+    commit = subprocess.run(  # the code that runs: read before the race, which takes hours
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     with contextlib.ExitStack() as stack:
         hosts = None
         if a.cluster:
@@ -234,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster = stack.enter_context(Cluster(load_cluster(a.cluster)))
             hosts = Hosts.on_cluster(cluster)
         runs = race(methods, seeds, a, hosts)
-    return report(runs, methods, seeds, a)
+    return report(runs, methods, seeds, a, commit)
 
 
 def race(methods: list[str], seeds: list[int], a: argparse.Namespace, hosts) -> list[dict]:
@@ -255,11 +258,10 @@ def race(methods: list[str], seeds: list[int], a: argparse.Namespace, hosts) -> 
     return runs
 
 
-def report(runs: list[dict], methods: list[str], seeds: list[int], a: argparse.Namespace) -> int:
+def report(
+    runs: list[dict], methods: list[str], seeds: list[int], a: argparse.Namespace, commit: str
+) -> int:
     """Pair each run with failures with its run without; print and write the result file."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     pairs = []
     for method in methods:
         for seed in seeds:

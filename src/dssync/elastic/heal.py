@@ -62,7 +62,8 @@ class HealTransport(HTTPTransport):
         if self.host is None:
             return super().address()
         port = self._server.socket.getsockname()[1]
-        return f"http://{self.host}:{port}/checkpoint/"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"http://{host}:{port}/checkpoint/"
 
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta

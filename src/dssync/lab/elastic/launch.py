@@ -93,12 +93,14 @@ class Chaos:
         return self.every_s * self.rng.uniform(1 - self.spread, 1 + self.spread)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Hosts:
-    """Where an elastic run's processes run: replica ``n`` on host ``n % len(hosts)``, the
+    """Where an elastic run's processes run: replica ``n`` on host ``n % len(address)``, the
     Lighthouse on host 0. Each host is a command prefix, the environment its processes add, and
-    the address the others reach it at. The default is this machine alone (no prefix,
-    ``127.0.0.1``); :meth:`on_cluster` places one replica per host of an emulated cluster.
+    the address the others reach it at. The default is this machine alone: no prefix, and the
+    address in ``DSSYNC_REPLICA_HOST`` if set (a replica of a run spread over machines with
+    ``lighthouse=URL``), else ``127.0.0.1``. :meth:`on_cluster` places one replica per host of
+    an emulated cluster.
 
     Example::
 
@@ -108,7 +110,15 @@ class Hosts:
 
     prefix: list[list[str]] = field(default_factory=lambda: [[]])
     env: list[dict[str, str]] = field(default_factory=lambda: [{}])
-    address: list[str] = field(default_factory=lambda: ["127.0.0.1"])
+    address: list[str] = field(default_factory=lambda: [os.environ.get(HOST_ENV) or "127.0.0.1"])
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.prefix), len(self.env), len(self.address)}
+        if len(sizes) != 1 or 0 in sizes:
+            raise UsageError(
+                f"Hosts needs one prefix, env and address per host, at least one host (got "
+                f"{len(self.prefix)}, {len(self.env)} and {len(self.address)})"
+            )
 
     @classmethod
     def on_cluster(cls, cluster: Any) -> Hosts:
@@ -122,13 +132,14 @@ class Hosts:
         )
 
     def of(self, replica: int) -> int:
+        """The host replica ``replica`` runs on."""
         return replica % len(self.address)
 
 
 LIGHTHOUSE = """
 import sys
 from torchft.coordination import LighthouseServer
-s = LighthouseServer(bind="0.0.0.0:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
+s = LighthouseServer(bind="[::]:0", min_replicas={min_replicas}, join_timeout_ms={join_ms},
                      heartbeat_timeout_ms={heartbeat_ms})
 print(s.address().rsplit(":", 1)[1], flush=True)  # its port: the host is the launcher's
 sys.stdin.read()  # until the launcher closes it or ends
