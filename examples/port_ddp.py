@@ -2,6 +2,7 @@
 import math
 import os
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -65,3 +66,6 @@ if rank == 0:
 weight_norm = model.module[0].weight.norm().item()
 print(f"rank {rank}: validation loss {evaluate(model.module):.4f}, weight norm {weight_norm:.6f}")
 dist.destroy_process_group()
+# torch 2.13 on gloo: a gloo thread frees the last backward's all-reduce and needs the GIL for
+# it; if the interpreter is already exiting, the process aborts (SIGABRT). Let it finish first.
+time.sleep(0.1)

@@ -4,7 +4,8 @@ Copies an example file (``examples/``) to a temporary folder and starts it with 
 torch.distributed.run --nproc-per-node 2`` ``--runs`` times, each on a fresh port, with ``--src``
 (default: this checkout's ``src``) on ``PYTHONPATH``. ``--example library`` is ``examples/quickstart.py``
 (plain ``DSSync``, ending with ``dist.destroy_process_group()``), ``--example accelerate``
-``examples/train_accelerate.py``, ``--example both`` (the default) runs each ``--runs`` times. A run
+``examples/train_accelerate.py``, ``--example ddp`` ``examples/port_ddp.py`` (DDP alone, no dssync),
+``--example both`` (the default) runs the first two ``--runs`` times each. A run
 counts as an abort when a rank printed "terminate called without an active exception"; any
 other failure is printed and counted apart. ``--load N`` keeps N busy processes spinning
 meanwhile: on an idle machine the abort is rare, and it showed under load (CI, other tests).
@@ -22,12 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ABORT = "terminate called without an active exception"
-EXAMPLES = ("library", "accelerate")
+EXAMPLES = {"library": "quickstart.py", "accelerate": "train_accelerate.py", "ddp": "port_ddp.py"}
 
 
 def example(name: str) -> str:
-    file = "quickstart.py" if name == "library" else "train_accelerate.py"
-    return (ROOT / "examples" / file).read_text()
+    return (ROOT / "examples" / EXAMPLES[name]).read_text()
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     from dssync.lab.launch import free_port, run_contained
 
     env = {**os.environ, "PYTHONPATH": args.src}
-    names = EXAMPLES if args.example == "both" else (args.example,)
+    names = ("library", "accelerate") if args.example == "both" else (args.example,)
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     try:
         for name in names:

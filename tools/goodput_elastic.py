@@ -91,7 +91,7 @@ def one_run(
     if label.startswith(RESTARTS):
         return goodput_restarts.one_run(label, seed, chaos_every, a)
     from dssync.lab.config import TrainConfig
-    from dssync.lab.elastic.launch import Chaos, run_elastic
+    from dssync.lab.elastic.launch import Chaos, run_elastic, step_records
     from dssync.lab.methods import configure
 
     method, settings = settings_of(label)
@@ -112,7 +112,7 @@ def one_run(
             timeout_s=a.budget, hosts=hosts, **beat,
         )  # fmt: skip
         go = (folder / "go").stat().st_mtime
-        rs = [json.loads(x) for x in (folder / "steps.jsonl").read_text().splitlines()]
+        rs = step_records(folder)
     steps = [r for r in rs if "step" in r]
     # the job's clock starts at its first step: the first quorum's forming (20 s once here, on a
     # loaded machine) is no failure's cost, and the punisher starts once every replica stepped

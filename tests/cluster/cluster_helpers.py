@@ -5,6 +5,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+# 2 racks x 2 hosts x 1 worker at 1000 Mbit/s: the chaos cases' cluster, one process per host.
+FOUR_HOSTS = """
+[cluster]
+racks = 2
+hosts_per_rack = 2
+workers_per_host = 1
+host_rate_mbit = 1000
+rack_uplink_mbit = 1000
+"""
+
 
 def netns_names() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)

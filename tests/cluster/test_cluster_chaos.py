@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from cluster_helpers import assert_gone
+from cluster_helpers import FOUR_HOSTS, assert_gone
 
 from dssync.lab.cluster import Agents, Cluster, RunResult, parse_cluster
 from dssync.lab.config import TrainConfig
@@ -30,14 +30,6 @@ from dssync.lab.config import TrainConfig
 # the same, the signal method raises here, so the run's agents are killed and the namespaces go.
 pytestmark = [pytest.mark.root, pytest.mark.timeout(240, method="signal")]
 
-SPEC = """
-[cluster]
-racks = 2
-hosts_per_rack = 2
-workers_per_host = 1
-host_rate_mbit = 1000
-rack_uplink_mbit = 1000
-"""
 FAULT_STEP = 10
 FAULTY_HOST = 2
 START_S = 90.0  # torchrun's start-up and the imports on a loaded 2-core machine
@@ -97,7 +89,7 @@ class ChaosRun:
 
 @contextlib.contextmanager
 def chaos_run(tmp: Path, cfg: TrainConfig, max_restarts: int = 0):
-    with Cluster(parse_cluster(SPEC, "chaos (test)")) as cluster:
+    with Cluster(parse_cluster(FOUR_HOSTS, "chaos (test)")) as cluster:
         run = ChaosRun(cluster, tmp, cfg, max_restarts)
         try:
             yield run

@@ -9,39 +9,25 @@ comes back by itself once TCP gets through again. Each case is a row of docs/rel
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from cluster_helpers import assert_gone
+from cluster_helpers import FOUR_HOSTS, assert_gone
 
 from dssync.errors import UsageError
 from dssync.lab.cluster import Cluster, parse_cluster
 from dssync.lab.cluster.names import ClusterNames
 from dssync.lab.config import TrainConfig
-from dssync.lab.elastic.launch import Hosts, run_elastic
+from dssync.lab.elastic.launch import Hosts, run_elastic, step_records
 
-SPEC = """
-[cluster]
-racks = 2
-hosts_per_rack = 2
-workers_per_host = 1
-host_rate_mbit = 1000
-rack_uplink_mbit = 1000
-"""
 STEPS = 10_000  # about 100 s on a quiet 2-core machine; the cut-off replica rejoins before the end
 TIMEOUT_S = 10.0  # each replica's transfer timeout
 FAULTY_HOST = 2
 FAULT_STEP = 200  # every replica past it, then the link goes down
 DOWN_S = 30.0
-
-
-def records(folder: Path) -> list[dict]:
-    lines = (folder / "steps.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.endswith("}")]
 
 
 def config() -> TrainConfig:
@@ -68,7 +54,9 @@ def link_down_later(cluster: Cluster, folder: Path, when: dict) -> threading.Thr
         while time.monotonic() < end:
             path = folder / "steps.jsonl"
             if path.exists():
-                past = {r["replica"] for r in records(folder) if r.get("step", 0) >= FAULT_STEP}
+                past = {
+                    r["replica"] for r in step_records(folder) if r.get("step", 0) >= FAULT_STEP
+                }
                 if len(past) == cluster.spec.num_hosts:
                     break
             time.sleep(0.1)
@@ -91,7 +79,7 @@ def link_down_later(cluster: Cluster, folder: Path, when: dict) -> threading.Thr
 def run(folder: Path, fault: bool) -> tuple[dict, dict]:
     lines: list[str] = []
     when: dict = {}
-    with Cluster(parse_cluster(SPEC, "elastic chaos (test)")) as cluster:
+    with Cluster(parse_cluster(FOUR_HOSTS, "elastic chaos (test)")) as cluster:
         flapper = link_down_later(cluster, folder, when) if fault else None
         folder.mkdir(parents=True)
         started = time.monotonic()
@@ -110,7 +98,7 @@ def run(folder: Path, fault: bool) -> tuple[dict, dict]:
 
 
 def test_hosts_place_one_replica_per_host_of_a_cluster_in_its_namespace():
-    names = ClusterNames(parse_cluster(SPEC, "placement (test)"), "dss91")
+    names = ClusterNames(parse_cluster(FOUR_HOSTS, "placement (test)"), "dss91")
     hosts = Hosts.on_cluster(names)
     assert hosts.prefix[2] == ["ip", "netns", "exec", "dss91-h2"]
     assert hosts.env[2] == {"GLOO_SOCKET_IFNAME": "dss91h2"}
@@ -137,7 +125,7 @@ def test_a_host_link_down_for_30_s_is_survived_without_restarting_anyone(tmp_pat
     assert e["finished"] == [0, 1, 2, 3], e["ends"]
     assert set(e["restarts"].values()) == {0}, e["restarts"]
     assert len(set(e["final_model_sha256"].values())) == 1, e["final_model_sha256"]
-    steps = [r for r in records(tmp_path / "fault") if "step" in r]
+    steps = [r for r in step_records(tmp_path / "fault") if "step" in r]
     pids = {n: {r["pid"] for r in steps if r["replica"] == n} for n in range(4)}
     assert all(len(p) == 1 for p in pids.values()), pids  # the same process throughout
     gaps = {}

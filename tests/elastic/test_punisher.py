@@ -7,22 +7,16 @@ started when it returns or raises, and the pytest timeout bounds the whole.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
 from dssync.lab.config import TrainConfig
-from dssync.lab.elastic.launch import Chaos, run_elastic
+from dssync.lab.elastic.launch import Chaos, run_elastic, step_records
 
 TIMEOUT_S = 20.0  # each replica's transfer timeout
 STEPS = 12_000  # 70-80 s on a quiet 2-core machine (4 to 5 kills), 3 minutes under load
-
-
-def records(folder: Path) -> list[dict]:
-    lines = (folder / "steps.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.endswith("}")]
 
 
 def config() -> TrainConfig:
@@ -61,7 +55,7 @@ def test_a_replica_killed_every_15_s_never_restarts_a_survivor_and_ends_on_one_m
     assert len(kills) >= 3, f"only {len(kills)} kills: the run was too short for the punisher"
     gaps = [b["time"] - a["time"] for a, b in zip(kills, kills[1:], strict=False)]
     assert all(11 <= g <= 25 for g in gaps), gaps  # 12-18 s, plus the supervisor's polling
-    rs = records(tmp_path / "chaos")
+    rs = step_records(tmp_path / "chaos")
     killed = {k["pid"] for k in kills}
     for n in range(3):
         mine = [r for r in rs if r["replica"] == n and "step" in r]

@@ -3,14 +3,12 @@ each replica a torchft Manager with a reconfigurable gloo group, the same as ela
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from dssync.errors import UsageError
 from dssync.lab.config import TrainConfig
-from dssync.lab.elastic.launch import run_elastic
+from dssync.lab.elastic.launch import run_elastic, step_records
 from dssync.lab.methods import build_strategy, configure, get_method, is_elastic, parse_methods
 
 TORCHFT = ["torchft-diloco", "torchft-local-sgd"]
@@ -35,7 +33,7 @@ def test_torchfts_method_trains_two_replicas_that_hold_equal_parameters_after_ea
     cfg = configure(TrainConfig(workload="digits", sync=method, max_steps=12, progress=False))
     summary = run_elastic(cfg, 2, folder=tmp_path, timeout_s=240, say=lambda line: None)
     assert summary["sync"] == method and summary["elastic"]["finished"] == [0, 1]
-    records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    records = step_records(tmp_path)
     digests = {
         (r["replica"], r["step"]): r["params"] for r in records if "step" in r
     }  # one pid per replica: nothing restarted

@@ -8,7 +8,6 @@ reads a replica's pid from the step records in --log-dir and SIGKILLs it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from dssync.lab.cli import cli
-from dssync.lab.elastic.launch import Lighthouse
+from dssync.lab.elastic.launch import Lighthouse, step_records
 from dssync.lab.launch import run_contained
 from process_tree import alive, children
 
@@ -32,13 +31,6 @@ DIGITS = ["--workload", "digits", "--quiet"]
 
 def train(*args: str) -> list[str]:
     return [sys.executable, "-m", "dssync", "train", "--elastic", *DIGITS, *args]
-
-
-def records(folder: Path) -> list[dict]:
-    path = folder / "steps.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 @pytest.mark.parametrize(
@@ -102,11 +94,11 @@ def test_train_elastic_runs_replicas_and_prints_the_summary(tmp_path, lighthouse
     assert "2 of 2 replicas finished (min_replicas 2), 0 restart(s), 20 steps" in out, out
     assert "one model on every finished replica: yes" in out, out
     steps = {
-        n: [r["step"] for r in records(tmp_path) if r["replica"] == n and "step" in r]
+        n: [r["step"] for r in step_records(tmp_path) if r["replica"] == n and "step" in r]
         for n in (0, 1)
     }
     assert steps[0] == steps[1] == list(range(1, 21))
-    finals = [r for r in records(tmp_path) if r.get("final")]
+    finals = [r for r in step_records(tmp_path) if r.get("final")]
     assert len(finals) == 2 and finals[0]["sha256"] == finals[1]["sha256"]
     assert finals[0]["members"] == [0, 1]
 
@@ -125,11 +117,13 @@ def test_a_killed_replica_is_restarted_and_the_run_exits_0(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 150
-        while not [r for r in records(tmp_path) if r["replica"] == 2 and r.get("step", 0) >= 30]:
+        while not [
+            r for r in step_records(tmp_path) if r["replica"] == 2 and r.get("step", 0) >= 30
+        ]:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "replica 2 did not reach step 30"
             time.sleep(0.1)
-        victim = next(r["pid"] for r in records(tmp_path) if r["replica"] == 2)
+        victim = next(r["pid"] for r in step_records(tmp_path) if r["replica"] == 2)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
         out, err = proc.communicate(timeout=240)
@@ -145,7 +139,7 @@ def test_a_killed_replica_is_restarted_and_the_run_exits_0(tmp_path):
     assert "replica 2 restarted (start 2)" in text, text
     assert "3 of 3 replicas finished (min_replicas 2), 1 restart(s), 4000 steps" in text, text
     assert "one model on every finished replica: yes" in text, text
-    rs = records(tmp_path)
+    rs = step_records(tmp_path)
     for n in (0, 1):  # the survivors were never restarted and kept stepping
         mine = [r for r in rs if r["replica"] == n and "step" in r]
         assert len({r["pid"] for r in mine}) == 1
@@ -180,7 +174,7 @@ def test_replicas_that_cannot_reach_the_lighthouse_are_not_restarted_and_the_run
 
 def wait_for_steps(folder: Path, proc: subprocess.Popen, replicas: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while len({r["replica"] for r in records(folder) if "step" in r}) < replicas:
+    while len({r["replica"] for r in step_records(folder) if "step" in r}) < replicas:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the replicas did not step"
         time.sleep(0.1)
@@ -205,7 +199,7 @@ def test_ctrl_c_or_sigterm_kills_every_process_the_run_started(tmp_path, sig, co
     )  # fmt: skip
     try:
         wait_for_steps(tmp_path, proc, 2, 150)
-        pids = {r["pid"] for r in records(tmp_path)}
+        pids = {r["pid"] for r in step_records(tmp_path)}
         house = int(next(iter(pid for pid in children(proc.pid) if pid not in pids)))
         proc.send_signal(sig)  # SIGINT: what Ctrl-C sends; SIGTERM: what an orchestrator sends
         _, err = proc.communicate(timeout=60)
@@ -229,7 +223,7 @@ def test_a_run_past_its_budget_is_killed_whole(tmp_path):
     cfg.progress = False
     with pytest.raises(TimeoutError, match="did not end in time; every replica was killed"):
         run_elastic(cfg, 2, timeout_s=40, folder=tmp_path, say=lambda line: None)
-    pids = {r["pid"] for r in records(tmp_path)}
+    pids = {r["pid"] for r in step_records(tmp_path)}
     assert pids, "the replicas never stepped within the budget"
     time.sleep(0.5)
     assert not [p for p in pids if alive(p)], "a replica outlived the run"

@@ -192,7 +192,7 @@ class Lighthouse:
         except BaseException:
             self.close()
             raise
-        self.address = f"http://{hosts.address[0]}:{text.splitlines()[0].strip('/')}"
+        self.address = f"http://{hosts.address[0]}:{text.splitlines()[0]}"
 
     def close(self) -> None:
         try:
@@ -473,6 +473,15 @@ def _punish(
     say(
         f"chaos: killed replica {victim.number} (pid {pid}); next kill in {chaos.next_at - now:.0f} s"
     )
+
+
+def step_records(folder: Path) -> list[dict[str, Any]]:
+    """The replicas' records in ``folder/steps.jsonl`` so far, in the order written (none before
+    the file exists; a line still being written is left for the next read)."""
+    path = folder / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 # steps.jsonl per folder: (bytes read, pids that recorded a step). The supervisor asks every
