@@ -66,6 +66,7 @@ if rank == 0:
 weight_norm = model.module[0].weight.norm().item()
 print(f"rank {rank}: validation loss {evaluate(model.module):.4f}, weight norm {weight_norm:.6f}")
 dist.destroy_process_group()
-# torch 2.13 on gloo: a gloo thread frees the last backward's all-reduce and needs the GIL for
-# it; if the interpreter is already exiting, the process aborts (SIGABRT). Let it finish first.
+# Works around a PyTorch 2.13 bug on gloo (docs/known-issues.md): a gloo thread may still be
+# cleaning up DDP's last all-reduce as Python exits, and the process then aborts ("terminate
+# called without an active exception"). A short pause avoids it; port_dssync.py needs none.
 time.sleep(0.1)

@@ -7,7 +7,6 @@ was itself killed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from dssync.lab.elastic.launch import Lighthouse
+from dssync.lab.elastic.launch import Lighthouse, step_records
 
 HERE = Path(__file__).parent
 SRC = HERE.parent.parent / "src"
@@ -76,9 +75,7 @@ class Cluster:
         return proc
 
     def records(self) -> list[dict]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        return step_records(self.tmp)
 
     def wait_for(self, what, timeout_s: float, why: str):
         """Poll the records until ``what(records)`` is truthy; fail naming ``why``."""
