@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -81,6 +82,25 @@ def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list
         if longest:
             out.append(round(statistics.median(longest), 3))
     return out
+
+
+def live_heals(steps: list[dict]) -> int | None:
+    """Heals of a process that had stepped before: a live replica the Lighthouse left out of a
+    quorum (its heartbeats late) and healed back; None when the method does not record heals."""
+    if not any(r.get("healed") is not None for r in steps):
+        return None
+    seen: set[int] = set()
+    n = 0
+    for r in steps:
+        n += bool(r.get("healed")) and r["pid"] in seen
+        seen.add(r["pid"])
+    return n
+
+
+def quorum_sizes(steps: list[dict]) -> dict[str, int]:
+    """How many step records saw a quorum of each size."""
+    sizes = Counter(len(r["members"]) for r in steps if r.get("members") is not None)
+    return {str(k): v for k, v in sorted(sizes.items())}
 
 
 def one_run(
@@ -129,6 +149,8 @@ def one_run(
         "kills": len(e["chaos_kills"]),
         "stalls_s": stalls(steps, e["chaos_kills"]),
         "restarts": sum(e["restarts"].values()),
+        "live_heals": live_heals(steps),
+        "quorum_sizes": quorum_sizes(steps),
         "finished": len(e["finished"]),
         "job_s": end - start,
         "first_step_after_go_s": start - go,
@@ -141,13 +163,18 @@ def one_run(
     }
 
 
+def heals(r: dict) -> str:
+    """The live heals of a run (:func:`live_heals`), ``-`` where not recorded."""
+    return "-" if r.get("live_heals") is None else str(r["live_heals"])
+
+
 def table(pairs: list[dict], target: float) -> str:
     head = (
         "| method | seed | kills | job s (no faults / faults) | samples/s (no faults / faults) "
         f"| goodput | time to {target} s (no faults / faults) | final metric (no faults / faults) "
-        "| survivors' stall per kill s |"
+        "| survivors' stall per kill s | live replicas healed (no faults / faults) |"
     )
-    out = [head, "|" + "---|" * 9]
+    out = [head, "|" + "---|" * 10]
     for p in pairs:
         c, f = p["calm"], p["chaos"]
 
@@ -162,7 +189,8 @@ def table(pairs: list[dict], target: float) -> str:
             f"| {p['method']} | {p['seed']} | {f['kills']} | {c['job_s']:.0f} / {f['job_s']:.0f} "
             f"| {c['samples_per_s']:.0f} / {f['samples_per_s']:.0f} | {p['goodput']:.2f} "
             f"| {ttt(c)} / {ttt(f)} | {c['final_metric']:.4f} / {f['final_metric']:.4f} "
-            f"| {' '.join(f'{x:.1f}' for x in f.get('stalls_s', [])) or '-'} |"
+            f"| {' '.join(f'{x:.1f}' for x in f.get('stalls_s', [])) or '-'} "
+            f"| {heals(c)} / {heals(f)} |"
         )
     return "\n".join(out)
 

@@ -2,13 +2,16 @@
 each replica in its host's namespace, every transfer (quorum, averaging, healing) over the
 hosts' links (``run_elastic(..., hosts=Hosts.on_cluster(cluster))``).
 
-The fault is the network's: host 2's link down for 30 s mid-run (at the switch end), then up.
-Nothing is restarted: the replica cut off is left out of the quorums while its link is down and
-comes back by itself once TCP gets through again. Each case is a row of docs/reliability.md.
+Each fault strikes host 2's replica once every replica passed step 200: its link down for 30 s
+(at the switch end), a SIGKILL with a restart 2 s later, a SIGSTOP for 20 s. The others never
+restart and step on without it; it comes back healed from a live one. The run without a fault
+is made once for all. Each case is a row of docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -23,11 +26,12 @@ from dssync.lab.cluster.names import ClusterNames
 from dssync.lab.config import TrainConfig
 from dssync.lab.elastic.launch import Hosts, run_elastic, step_records
 
-STEPS = 10_000  # about 100 s on a quiet 2-core machine; the cut-off replica rejoins before the end
+STEPS = 10_000  # about 100 s on a quiet 2-core machine; the faulty replica rejoins before the end
 TIMEOUT_S = 10.0  # each replica's transfer timeout
 FAULTY_HOST = 2
-FAULT_STEP = 200  # every replica past it, then the link goes down
-DOWN_S = 30.0
+FAULT_STEP = 200  # every replica past it, then the fault
+DOWN_S = 30.0  # how long host 2's link is down
+STOPPED_S = 20.0  # how long host 2's replica is stopped: past TIMEOUT_S and the heartbeat (2 s)
 
 
 def config() -> TrainConfig:
@@ -44,44 +48,67 @@ def config() -> TrainConfig:
     return cfg
 
 
-def link_down_later(cluster: Cluster, folder: Path, when: dict) -> threading.Thread:
-    """Once every replica passed :data:`FAULT_STEP`, host 2's link goes down for :data:`DOWN_S`
-    (its switch end, as a cable pulled); ``when`` gets the times it went down and up."""
+def link_down(cluster: Cluster, folder: Path, when: dict) -> None:
+    """Host 2's link down for :data:`DOWN_S` at its switch end (a cable pulled), then up."""
     ns, dev = cluster.link_ends(f"host:{FAULTY_HOST}")[1]
+    subprocess.run(["ip", "-n", ns, "link", "set", dev, "down"], check=True)
+    when["start"] = time.time()
+    try:
+        time.sleep(DOWN_S)
+    finally:  # not checked: a run that failed meanwhile took the namespaces with it
+        up = subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=False)
+        if up.returncode == 0:
+            when["end"] = time.time()
 
-    def flap() -> None:
+
+def killed(cluster: Cluster, folder: Path, when: dict) -> None:
+    """Host 2's replica SIGKILLed; the launcher starts it again 2 s later (an orchestrator)."""
+    os.killpg(replica_pid(folder, FAULTY_HOST), signal.SIGKILL)
+    when["start"] = when["end"] = time.time()
+
+
+def stopped(cluster: Cluster, folder: Path, when: dict) -> None:
+    """Host 2's replica SIGSTOPped for :data:`STOPPED_S`, then resumed."""
+    pid = replica_pid(folder, FAULTY_HOST)
+    os.killpg(pid, signal.SIGSTOP)
+    when["start"] = time.time()
+    try:
+        time.sleep(STOPPED_S)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+        when["end"] = time.time()
+
+
+def replica_pid(folder: Path, replica: int) -> int:
+    """The process that wrote replica ``replica``'s last step record (its session's leader:
+    ``ip netns exec`` runs the replica in its own process)."""
+    return [r["pid"] for r in step_records(folder) if r["replica"] == replica][-1]
+
+
+def fault_later(cluster: Cluster, folder: Path, when: dict, fault) -> threading.Thread:
+    """Once every replica passed :data:`FAULT_STEP`, ``fault(cluster, folder, when)``, which
+    records in ``when`` the times the fault started and ended."""
+
+    def wait_then_fault() -> None:
         end = time.monotonic() + 300
         while time.monotonic() < end:
-            path = folder / "steps.jsonl"
-            if path.exists():
-                past = {
-                    r["replica"] for r in step_records(folder) if r.get("step", 0) >= FAULT_STEP
-                }
-                if len(past) == cluster.spec.num_hosts:
-                    break
+            past = {r["replica"] for r in step_records(folder) if r.get("step", 0) >= FAULT_STEP}
+            if len(past) == cluster.spec.num_hosts:
+                fault(cluster, folder, when)
+                return
             time.sleep(0.1)
-        else:
-            return
-        subprocess.run(["ip", "-n", ns, "link", "set", dev, "down"], check=True)
-        when["down"] = time.time()
-        try:
-            time.sleep(DOWN_S)
-        finally:  # not checked: a run that failed meanwhile took the namespaces with it
-            up = subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=False)
-            if up.returncode == 0:
-                when["up"] = time.time()
 
-    t = threading.Thread(target=flap, daemon=True)
+    t = threading.Thread(target=wait_then_fault, daemon=True)
     t.start()
     return t
 
 
-def run(folder: Path, fault: bool) -> tuple[dict, dict]:
+def run(folder: Path, fault=None) -> tuple[dict, dict]:
     lines: list[str] = []
     when: dict = {}
     with Cluster(parse_cluster(FOUR_HOSTS, "elastic chaos (test)")) as cluster:
-        flapper = link_down_later(cluster, folder, when) if fault else None
         folder.mkdir(parents=True)
+        thread = fault_later(cluster, folder, when, fault) if fault is not None else None
         started = time.monotonic()
         try:
             summary = run_elastic(
@@ -89,12 +116,18 @@ def run(folder: Path, fault: bool) -> tuple[dict, dict]:
                 timeout_s=400, folder=folder, say=lines.append, hosts=Hosts.on_cluster(cluster),
             )  # fmt: skip
         finally:
-            if flapper is not None:
-                flapper.join(DOWN_S + 5)
+            if thread is not None:
+                thread.join(DOWN_S + 5)
     assert_gone(cluster.prefix)
     print("\n".join(lines))
     print(f"run took {time.monotonic() - started:.0f} s")
     return summary, when
+
+
+@pytest.fixture(scope="module")
+def calm(tmp_path_factory) -> dict:
+    """The run without a fault, once for the module's fault tests."""
+    return run(tmp_path_factory.mktemp("calm") / "run")[0]
 
 
 def test_hosts_place_one_replica_per_host_of_a_cluster_in_its_namespace():
@@ -117,45 +150,85 @@ def test_a_replica_of_a_run_over_machines_gives_its_own_address(monkeypatch):
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(900, method="signal")
-def test_a_host_link_down_for_30_s_is_survived_without_restarting_anyone(tmp_path):
-    calm, _ = run(tmp_path / "calm", fault=False)
-    summary, when = run(tmp_path / "fault", fault=True)
+def test_a_host_link_down_for_30_s_is_survived_without_restarting_anyone(tmp_path, calm):
+    """The replica cut off is left out of the quorums while its link is down and comes back by
+    itself once TCP gets through again: healed from a live one, no process restarted."""
+    folder = tmp_path / "run"
+    survived(calm, *run(folder, link_down), folder, "link down 30 s", restarted=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900, method="signal")
+def test_a_replica_killed_and_restarted_on_its_host_is_healed_and_the_others_never_stop(
+    tmp_path, calm
+):
+    folder = tmp_path / "run"
+    survived(calm, *run(folder, killed), folder, "SIGKILL, restart 2 s", restarted=True)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(900, method="signal")
+def test_a_replica_stopped_past_the_timeout_on_its_host_rejoins_and_the_others_never_stop(
+    tmp_path, calm
+):
+    folder = tmp_path / "run"
+    survived(calm, *run(folder, stopped), folder, "SIGSTOP 20 s", restarted=False)
+
+
+def survived(calm: dict, summary: dict, when: dict, folder: Path, fault: str, restarted: bool):
+    """What every fault on host 2's replica must leave: all four finished on one model within 4
+    test images of the calm run; the survivors never restarted, never stalled past one
+    ``timeout_s`` and stepped on without host 2; host 2's replica healed to the others' step
+    (restarted under its number when ``restarted``), its stale model averaged into no one."""
     e = summary["elastic"]
-    assert "down" in when and "up" in when, "the link never went down"
+    assert "start" in when and "end" in when, f"the fault ({fault}) never happened: {when}"
     assert e["finished"] == [0, 1, 2, 3], e["ends"]
-    assert set(e["restarts"].values()) == {0}, e["restarts"]
+    assert e["restarts"] == {"0": 0, "1": 0, "2": int(restarted), "3": 0}, e["restarts"]
     assert len(set(e["final_model_sha256"].values())) == 1, e["final_model_sha256"]
-    steps = [r for r in step_records(tmp_path / "fault") if "step" in r]
-    pids = {n: {r["pid"] for r in steps if r["replica"] == n} for n in range(4)}
-    assert all(len(p) == 1 for p in pids.values()), pids  # the same process throughout
+    steps = [r for r in step_records(folder) if "step" in r]
+    pids = {n: [r["pid"] for r in steps if r["replica"] == n] for n in range(4)}
+    assert all(len(set(p)) == 1 for n, p in pids.items() if n != FAULTY_HOST), pids
+    survivors = [n for n in range(4) if n != FAULTY_HOST]
     gaps = {}
-    for n in range(4):
+    for n in survivors:
         times = [r["time"] for r in steps if r["replica"] == n]
         gaps[n] = max(b - a for a, b in zip(times, times[1:], strict=False))
-    # the survivors: the cut-off one's partner waits out its transfer, the others wait for the
-    # partner at the next quorum (one timeout_s); then they go on without host 2
-    survivors = [n for n in range(4) if n != FAULTY_HOST]
+    # the faulty one's partner waits out its transfer (at most timeout_s), the others wait for
+    # it at the next quorum (the Lighthouse's heartbeat timeout); then they go on without host 2
     assert all(gaps[n] < TIMEOUT_S + 3 for n in survivors), gaps
+    mine = [r for r in steps if r["replica"] == FAULTY_HOST]
+    before = max(r["step"] for r in mine if r["time"] < when["start"])
+    back = [r for r in mine if r["time"] > when["end"]]
+    assert back, "host 2's replica never stepped again after the fault"
+    healed = next((r for r in back if r["healed"]), None)
+    assert healed is not None, "host 2's replica was never healed after the fault"
+    assert healed["step"] > before + 100, (before, healed)  # to the others' step
+    # Its first step after the fault need not be the healed one. Seen after the link came up (in
+    # CI and here): the quorum answer the Lighthouse sent as the link went down came 53 s later,
+    # after TCP's back-off; its step on that old quorum waited out its gone partner (lost), and
+    # the next quorum healed it. It may step on its own first; it must never average its stale
+    # model into anyone.
+    stale = [r for r in back if r["time"] < healed["time"]]
+    assert all(r["outcome"] in ("lost", "skipped", "alone") for r in stale), stale
+    if restarted:
+        assert not stale and len(set(pids[FAULTY_HOST])) == 2, pids[FAULTY_HOST]
     without = [
         r["time"] for r in steps
-        if r["replica"] != FAULTY_HOST and FAULTY_HOST not in r["members"]
-        and when["down"] < r["time"] < when["up"]
+        if r["replica"] in survivors and FAULTY_HOST not in r["members"]
+        and when["start"] < r["time"] < healed["time"]
     ]  # fmt: skip
-    assert without, "the survivors never stepped without host 2 while its link was down"
-    during = [r for r in steps if min(without) <= r["time"] < when["up"]]
-    assert {r["replica"] for r in during} == set(survivors)  # they kept stepping, without it
+    assert without, "the survivors never stepped without host 2 while it was out"
+    during = [r for r in steps if min(without) <= r["time"] < when["end"]]
+    assert {r["replica"] for r in during} <= set(survivors)  # they kept stepping, without it
     assert all(FAULTY_HOST not in r["members"] for r in during)
-    assert when["up"] - min(without) > DOWN_S - TIMEOUT_S - 8  # for most of the outage
-    last = max(r["time"] for r in steps if r["replica"] != FAULTY_HOST)
-    assert last > when["up"] + 5, "the survivors ended before the link came back: raise STEPS"
-    before = max(r["step"] for r in steps if r["replica"] == FAULTY_HOST and r["time"] < when["up"])
-    back = [r for r in steps if r["replica"] == FAULTY_HOST and r["time"] > when["up"]]
-    assert back, "host 2's replica never stepped again after its link came up"
-    first = min(back, key=lambda r: r["time"])
-    assert first["step"] > before + 100, (before, first)  # healed to the others' step
-    rejoined = first["time"] - when["up"]
-    print(f"longest gap between two steps per replica: {gaps} s; host 2's replica stepped again "
-          f"{rejoined:.1f} s after its link came up, from step {before} to {first['step']}; "
-          f"final metric {summary['final_metric']:.4f} (without the fault "
-          f"{calm['final_metric']:.4f})")  # fmt: skip
+    out_s = when["end"] - when["start"]
+    assert when["end"] - min(without) > out_s - TIMEOUT_S - 8  # for most of the fault
+    last = max(r["time"] for r in steps if r["replica"] in survivors)
+    assert last > healed["time"] + 5, "the survivors ended before host 2 came back: raise STEPS"
+    print(f"{fault}: longest gap between two steps per survivor {gaps} s; host 2's replica "
+          f"healed {healed['time'] - when['end']:.1f} s after the fault ended ({len(stale)} steps "
+          f"on its own before), from step {before} to {healed['step']}; final metric "
+          f"{summary['final_metric']:.4f} (without the fault {calm['final_metric']:.4f})")  # fmt: skip
     assert abs(summary["final_metric"] - calm["final_metric"]) <= 4 / 359 + 1e-9  # digits' test

@@ -27,11 +27,14 @@ NAMES = (ELASTIC_DSSYNC, TORCHFT_DILOCO, TORCHFT_LOCAL_SGD)
 
 
 class ElasticTrainer:
-    """The interface the elastic loop drives; ``members`` are the replicas of the last quorum
-    (None when the method does not say)."""
+    """The interface the elastic loop drives; ``members`` are the replicas of the last quorum,
+    ``outcome`` what the last averaging did and ``healed`` whether it received a live peer's
+    state (None when the method does not say)."""
 
     steps: int
     members: list[int] | None = None
+    outcome: str | None = None
+    healed: bool | None = None
 
     def step(self) -> None:
         raise NotImplementedError
@@ -76,6 +79,14 @@ class DSSyncTrainer(ElasticTrainer):
     @property
     def members(self) -> list[int] | None:
         return self.sync.history[-1].members if self.sync.history else None
+
+    @property
+    def outcome(self) -> str | None:
+        return self.sync.history[-1].outcome if self.sync.history else None
+
+    @property
+    def healed(self) -> bool | None:
+        return self.sync.history[-1].healed if self.sync.history else None
 
     def step(self) -> None:
         self.sync.step()

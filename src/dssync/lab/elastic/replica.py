@@ -4,7 +4,8 @@
 
 FOLDER holds ``config.json`` (the run's TrainConfig, ``replicas`` and ``min_replicas``). The
 replica trains shard REPLICA of the workload's data, writes one JSON line per step to
-``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, a digest of the
+``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, what the last
+averaging did and whether it healed this replica where the method says, a digest of the
 parameters; at each evaluation ``eval_step``, time and the replica's own metric), and at the end
 takes one average over the live replicas, evaluates it and writes ``FOLDER/summary{REPLICA}.json``.
 The others reach it at the address in ``DSSYNC_REPLICA_HOST`` (default ``127.0.0.1``).
@@ -115,6 +116,8 @@ def train_replica(folder: Path, n: int, lighthouse: str) -> dict[str, Any]:
             time=time.time(),
             loss=loss.item(),
             members=trainer.members,
+            outcome=trainer.outcome,
+            healed=trainer.healed,
             params=parameters_digest(model),
         )
         if evaluation_due(cfg, trainer.steps, data.steps_per_epoch, total):
