@@ -13,7 +13,10 @@ Per run, from the replicas' step records (``steps.jsonl``):
 - samples/s of the whole job: every step any replica process took (lost work included) times
   the batch size, over the job time;
 - time to target: from the start to the first evaluation (each replica's own model, each epoch
-  of its shard) that reached ``--target``; every evaluation is kept in the result file.
+  of its shard) that reached ``--target``; every evaluation is kept in the result file;
+- live heals (elastic DS-Sync only): heals of a process that had averaged before, a live replica
+  left out of a quorum (its heartbeats late) and healed back; and how many step records saw a
+  quorum of each size.
 goodput = samples/s under failures / samples/s without, paired by method and seed.
 With ``--cluster SPEC`` (root) the race runs on an emulated cluster built once for it: the
 Lighthouse on host 0, replica ``n`` on host ``n`` mod the hosts (its namespace, its shaped link).
@@ -85,15 +88,18 @@ def stalls(steps: list[dict], kills: list[dict], window_s: float = 30.0) -> list
 
 
 def live_heals(steps: list[dict]) -> int | None:
-    """Heals of a process that had stepped before: a live replica the Lighthouse left out of a
-    quorum (its heartbeats late) and healed back; None when the method does not record heals."""
+    """Heals of a process that had averaged before: a live replica the Lighthouse left out of a
+    quorum (its heartbeats late) and healed back; None when the method does not record heals.
+    A record says ``healed`` only at a step that averaged (None between averagings)."""
     if not any(r.get("healed") is not None for r in steps):
         return None
-    seen: set[int] = set()
+    averaged: set[int] = set()
     n = 0
     for r in steps:
-        n += bool(r.get("healed")) and r["pid"] in seen
-        seen.add(r["pid"])
+        if r.get("healed") is None:
+            continue
+        n += r["healed"] and r["pid"] in averaged
+        averaged.add(r["pid"])
     return n
 
 
@@ -169,12 +175,17 @@ def heals(r: dict) -> str:
 
 
 def table(pairs: list[dict], target: float) -> str:
+    """One row per pair; the live heals' column only where a run recorded them (result files
+    from before 2026-12-07's twenty-third session did not)."""
+    counted = any(
+        p[side].get("live_heals") is not None for p in pairs for side in ("calm", "chaos")
+    )
     head = (
         "| method | seed | kills | job s (no faults / faults) | samples/s (no faults / faults) "
         f"| goodput | time to {target} s (no faults / faults) | final metric (no faults / faults) "
-        "| survivors' stall per kill s | live replicas healed (no faults / faults) |"
-    )
-    out = [head, "|" + "---|" * 10]
+        "| survivors' stall per kill s |"
+    ) + (" live replicas healed (no faults / faults) |" if counted else "")
+    out = [head, "|" + "---|" * (10 if counted else 9)]
     for p in pairs:
         c, f = p["calm"], p["chaos"]
 
@@ -189,8 +200,8 @@ def table(pairs: list[dict], target: float) -> str:
             f"| {p['method']} | {p['seed']} | {f['kills']} | {c['job_s']:.0f} / {f['job_s']:.0f} "
             f"| {c['samples_per_s']:.0f} / {f['samples_per_s']:.0f} | {p['goodput']:.2f} "
             f"| {ttt(c)} / {ttt(f)} | {c['final_metric']:.4f} / {f['final_metric']:.4f} "
-            f"| {' '.join(f'{x:.1f}' for x in f.get('stalls_s', [])) or '-'} "
-            f"| {heals(c)} / {heals(f)} |"
+            f"| {' '.join(f'{x:.1f}' for x in f.get('stalls_s', [])) or '-'} |"
+            + (f" {heals(c)} / {heals(f)} |" if counted else "")
         )
     return "\n".join(out)
 

@@ -10,6 +10,7 @@ is made once for all. Each case is a row of docs/reliability.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,13 +76,14 @@ def stopped(cluster: Cluster, folder: Path, when: dict) -> None:
     try:
         time.sleep(STOPPED_S)
     finally:
-        os.killpg(pid, signal.SIGCONT)
-        when["end"] = time.time()
+        with contextlib.suppress(ProcessLookupError):  # a run that failed meanwhile killed it
+            os.killpg(pid, signal.SIGCONT)
+            when["end"] = time.time()
 
 
 def replica_pid(folder: Path, replica: int) -> int:
-    """The process that wrote replica ``replica``'s last step record (its session's leader:
-    ``ip netns exec`` runs the replica in its own process)."""
+    """The process that wrote replica ``replica``'s last step record: the launcher's process
+    and its session's leader (``ip netns exec`` execs the replica in place)."""
     return [r["pid"] for r in step_records(folder) if r["replica"] == replica][-1]
 
 
@@ -180,23 +182,25 @@ def test_a_replica_stopped_past_the_timeout_on_its_host_rejoins_and_the_others_n
 def survived(calm: dict, summary: dict, when: dict, folder: Path, fault: str, restarted: bool):
     """What every fault on host 2's replica must leave: all four finished on one model within 4
     test images of the calm run; the survivors never restarted, never stalled past one
-    ``timeout_s`` and stepped on without host 2; host 2's replica healed to the others' step
-    (restarted under its number when ``restarted``), its stale model averaged into no one."""
+    ``timeout_s`` + 3 s and stepped on without host 2 until it rejoined; host 2's replica healed
+    to the others' step (restarted under its number when ``restarted``), and no step of its
+    that began after the fault averaged before the heal."""
     e = summary["elastic"]
     assert "start" in when and "end" in when, f"the fault ({fault}) never happened: {when}"
     assert e["finished"] == [0, 1, 2, 3], e["ends"]
     assert e["restarts"] == {"0": 0, "1": 0, "2": int(restarted), "3": 0}, e["restarts"]
     assert len(set(e["final_model_sha256"].values())) == 1, e["final_model_sha256"]
     steps = [r for r in step_records(folder) if "step" in r]
-    pids = {n: [r["pid"] for r in steps if r["replica"] == n] for n in range(4)}
-    assert all(len(set(p)) == 1 for n, p in pids.items() if n != FAULTY_HOST), pids
+    pids = {n: {r["pid"] for r in steps if r["replica"] == n} for n in range(4)}
+    assert [len(pids[n]) for n in range(4)] == [1, 1, 1 + restarted, 1], pids
     survivors = [n for n in range(4) if n != FAULTY_HOST]
     gaps = {}
     for n in survivors:
         times = [r["time"] for r in steps if r["replica"] == n]
         gaps[n] = max(b - a for a, b in zip(times, times[1:], strict=False))
-    # the faulty one's partner waits out its transfer (at most timeout_s), the others wait for
-    # it at the next quorum (the Lighthouse's heartbeat timeout); then they go on without host 2
+    # a fault inside an averaging: the partner waits out its transfer (timeout_s) and the others
+    # wait for the partner at the next quorum; a kill, or a fault between two averagings: they
+    # wait at the next quorum for the Lighthouse's heartbeat timeout. Then they go on without it.
     assert all(gaps[n] < TIMEOUT_S + 3 for n in survivors), gaps
     mine = [r for r in steps if r["replica"] == FAULTY_HOST]
     before = max(r["step"] for r in mine if r["time"] < when["start"])
@@ -205,30 +209,37 @@ def survived(calm: dict, summary: dict, when: dict, folder: Path, fault: str, re
     healed = next((r for r in back if r["healed"]), None)
     assert healed is not None, "host 2's replica was never healed after the fault"
     assert healed["step"] > before + 100, (before, healed)  # to the others' step
-    # Its first step after the fault need not be the healed one. Seen after the link came up (in
-    # CI and here): the quorum answer the Lighthouse sent as the link went down came 53 s later,
-    # after TCP's back-off; its step on that old quorum waited out its gone partner (lost), and
-    # the next quorum healed it. It may step on its own first; it must never average its stale
-    # model into anyone.
+    # Its first step after the fault need not be the healed one: the step the fault interrupted
+    # ends first, on the quorum of before the fault. Seen: after the link came up (here in its
+    # log; in CI the same steps, 202 then 203 not healed) the Lighthouse's quorum answer sent as
+    # the link went down came 53 s later, after TCP's back-off, and that step waited out its gone
+    # partner (lost); after a SIGSTOP that struck once its exchange was done, the step recorded
+    # "averaged" on resuming (its partner had stepped on at once). No later step may average
+    # before the heal: its stale model goes into no one.
     stale = [r for r in back if r["time"] < healed["time"]]
-    assert all(r["outcome"] in ("lost", "skipped", "alone") for r in stale), stale
+    assert [r["step"] for r in stale[:1]] in ([], [before + 1]), (before, stale)
+    assert all(r["outcome"] in ("lost", "skipped", "alone") for r in stale[1:]), stale
     if restarted:
-        assert not stale and len(set(pids[FAULTY_HOST])) == 2, pids[FAULTY_HOST]
-    without = [
+        assert not stale, stale  # a new process's first step is its heal
+    out = [
         r["time"] for r in steps
-        if r["replica"] in survivors and FAULTY_HOST not in r["members"]
-        and when["start"] < r["time"] < healed["time"]
+        if r["replica"] in survivors and FAULTY_HOST not in r["members"] and r["time"] > when["start"]
     ]  # fmt: skip
-    assert without, "the survivors never stepped without host 2 while it was out"
-    during = [r for r in steps if min(without) <= r["time"] < when["end"]]
-    assert {r["replica"] for r in during} <= set(survivors)  # they kept stepping, without it
+    assert out, "the survivors never stepped without host 2 after the fault"
+    rejoined = min(
+        r["time"] for r in steps
+        if r["replica"] in survivors and r["time"] > min(out) and FAULTY_HOST in r["members"]
+    )  # fmt: skip
+    assert rejoined >= when["end"], "host 2 was back in the survivors' quorums during the fault"
+    during = [r for r in steps if min(out) <= r["time"] < min(rejoined, back[0]["time"])]
+    assert {r["replica"] for r in during} == set(survivors)  # all kept stepping, without it
     assert all(FAULTY_HOST not in r["members"] for r in during)
-    out_s = when["end"] - when["start"]
-    assert when["end"] - min(without) > out_s - TIMEOUT_S - 8  # for most of the fault
+    assert when["end"] - min(out) > (when["end"] - when["start"]) - TIMEOUT_S - 8  # most of it
     last = max(r["time"] for r in steps if r["replica"] in survivors)
     assert last > healed["time"] + 5, "the survivors ended before host 2 came back: raise STEPS"
-    print(f"{fault}: longest gap between two steps per survivor {gaps} s; host 2's replica "
-          f"healed {healed['time'] - when['end']:.1f} s after the fault ended ({len(stale)} steps "
-          f"on its own before), from step {before} to {healed['step']}; final metric "
-          f"{summary['final_metric']:.4f} (without the fault {calm['final_metric']:.4f})")  # fmt: skip
+    print(f"{fault}: longest gap between two steps per survivor {gaps} s; without host 2 for "
+          f"{rejoined - min(out):.1f} s; host 2's replica healed {healed['time'] - when['end']:.1f}"
+          f" s after the fault ended ({len(stale)} steps on its own before), from step {before} "
+          f"to {healed['step']}; final metric {summary['final_metric']:.4f} (without the fault "
+          f"{calm['final_metric']:.4f})")  # fmt: skip
     assert abs(summary["final_metric"] - calm["final_metric"]) <= 4 / 359 + 1e-9  # digits' test

@@ -27,9 +27,9 @@ NAMES = (ELASTIC_DSSYNC, TORCHFT_DILOCO, TORCHFT_LOCAL_SGD)
 
 
 class ElasticTrainer:
-    """The interface the elastic loop drives; ``members`` are the replicas of the last quorum,
-    ``outcome`` what the last averaging did and ``healed`` whether it received a live peer's
-    state (None when the method does not say)."""
+    """The interface the elastic loop drives; ``members`` are the replicas of the last quorum;
+    ``outcome`` is what the last step's averaging did and ``healed`` whether it received a live
+    peer's state (None when that step did not average or the method does not say)."""
 
     steps: int
     members: list[int] | None = None
@@ -71,6 +71,7 @@ class DSSyncTrainer(ElasticTrainer):
             every=cfg.every or 1,
             **refused,
         )
+        self._averaged = False
 
     @property
     def steps(self) -> int:
@@ -82,14 +83,16 @@ class DSSyncTrainer(ElasticTrainer):
 
     @property
     def outcome(self) -> str | None:
-        return self.sync.history[-1].outcome if self.sync.history else None
+        return self.sync.history[-1].outcome if self._averaged else None
 
     @property
     def healed(self) -> bool | None:
-        return self.sync.history[-1].healed if self.sync.history else None
+        return self.sync.history[-1].healed if self._averaged else None
 
     def step(self) -> None:
+        before = len(self.sync.history)
         self.sync.step()
+        self._averaged = len(self.sync.history) > before  # outcome and healed are this step's
 
     def average_all(self) -> None:
         self.sync.average_all()

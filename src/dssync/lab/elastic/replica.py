@@ -4,7 +4,7 @@
 
 FOLDER holds ``config.json`` (the run's TrainConfig, ``replicas`` and ``min_replicas``). The
 replica trains shard REPLICA of the workload's data, writes one JSON line per step to
-``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, what the last
+``FOLDER/steps.jsonl`` (pid, replica, step, time, the last quorum's members, what the step's
 averaging did and whether it healed this replica where the method says, a digest of the
 parameters; at each evaluation ``eval_step``, time and the replica's own metric), and at the end
 takes one average over the live replicas, evaluates it and writes ``FOLDER/summary{REPLICA}.json``.
